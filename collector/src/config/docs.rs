@@ -1,0 +1,81 @@
+//! The example config and the config reference, generated from the config types so that they
+//! cannot drift from the code (tests compare them with the committed copies).
+
+use std::fmt::Write as _;
+
+use super::{Config, Describe, FieldDoc};
+
+/// `config/junction.toml`: every key with its default and its documentation as comments.
+pub fn example_config() -> String {
+    let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
+    let mut out = String::from(
+        "# Junction configuration: every key with its default value.\n\
+         # Generated from the config types by `cargo xtask docs`; do not edit by hand.\n",
+    );
+    let fields = Config::fields().unwrap_or(&[]);
+    write_table(&mut out, &defaults, fields, "");
+    out
+}
+
+fn comment(out: &mut String, doc: &str) {
+    for line in doc.lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            out.push_str("#\n");
+        } else {
+            let _ = writeln!(out, "# {line}");
+        }
+    }
+}
+
+fn write_table(out: &mut String, table: &toml::Table, fields: &[FieldDoc], path: &str) {
+    for f in fields.iter().filter(|f| (f.nested)().is_none()) {
+        if let Some(v) = table.get(f.name) {
+            comment(out, f.doc);
+            let _ = writeln!(out, "{} = {}", f.name, v);
+        }
+    }
+    for f in fields {
+        let (Some(nested), Some(toml::Value::Table(t))) = ((f.nested)(), table.get(f.name)) else { continue };
+        let sub = if path.is_empty() { f.name.to_string() } else { format!("{path}.{}", f.name) };
+        let has_scalars = nested.iter().any(|n| (n.nested)().is_none());
+        if has_scalars {
+            out.push('\n');
+            comment(out, f.doc);
+            let _ = writeln!(out, "[{sub}]");
+        }
+        write_table(out, t, nested, &sub);
+    }
+}
+
+/// `docs/CONFIG.md`: one table per section.
+pub fn reference() -> String {
+    let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
+    let mut out = String::from(
+        "# Configuration reference\n\n\
+         Generated from the config types by `cargo xtask docs`; do not edit by hand.\n\n\
+         Junction reads one TOML file (`junction --config FILE`). Every key is optional; a missing\n\
+         key takes the default shown. Unknown keys are errors. `junction validate --config FILE`\n\
+         checks a file and reports every problem with its line and key (exit code 2).\n\
+         The example `config/junction.toml` lists the same keys with their defaults.\n",
+    );
+    section(&mut out, &defaults, Config::fields().unwrap_or(&[]), "");
+    out
+}
+
+fn section(out: &mut String, table: &toml::Table, fields: &[FieldDoc], path: &str) {
+    let scalars: Vec<&FieldDoc> = fields.iter().filter(|f| (f.nested)().is_none()).collect();
+    if !scalars.is_empty() {
+        let _ = writeln!(out, "\n## `[{path}]`\n\n| key | type | default | meaning |\n|---|---|---|---|");
+        for f in scalars {
+            let default = table.get(f.name).map(|v| v.to_string()).unwrap_or_default();
+            let doc = f.doc.lines().map(str::trim).collect::<Vec<_>>().join(" ");
+            let _ = writeln!(out, "| `{}` | `{}` | `{}` | {} |", f.name, f.ty, default.replace('|', "\\|"), doc.trim());
+        }
+    }
+    for f in fields {
+        let (Some(nested), Some(toml::Value::Table(t))) = ((f.nested)(), table.get(f.name)) else { continue };
+        let sub = if path.is_empty() { f.name.to_string() } else { format!("{path}.{}", f.name) };
+        section(out, t, nested, &sub);
+    }
+}

@@ -1,0 +1,208 @@
+//! Loading a config file and reporting every problem at once, each with file, line and key.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::de::{DeTable, DeValue, ValueDeserializer};
+use toml::Spanned;
+
+use super::Config;
+
+/// One problem in a config file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    /// The file (or `<string>`).
+    pub file: PathBuf,
+    /// 1-based line and column, when the problem has a place.
+    pub line: Option<(usize, usize)>,
+    /// Dotted key, when known.
+    pub key: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some((line, col)) = self.line {
+            write!(f, ":{line}:{col}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ": key `{key}`")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Every problem found in a config file.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads and checks a config file.
+pub fn load_file(path: &Path) -> Result<Config, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: path.to_owned(),
+            line: None,
+            key: None,
+            message: format!("cannot read the config file: {e}"),
+        }])
+    })?;
+    parse_str(&text, path)
+}
+
+/// Parses and checks config text; `file` names it in errors.
+pub fn parse_str(text: &str, file: &Path) -> Result<Config, ConfigErrors> {
+    let err = |span: Option<std::ops::Range<usize>>, key: Option<String>, message: String| ConfigError {
+        file: file.to_owned(),
+        line: span.map(|s| line_col(text, s.start)),
+        key,
+        message,
+    };
+    let (root, syntax) = DeTable::parse_recoverable(text);
+    if !syntax.is_empty() {
+        return Err(ConfigErrors(
+            syntax.into_iter().map(|e| err(e.span(), None, e.message().trim().to_string())).collect(),
+        ));
+    }
+    let original = root.clone();
+    let mut errors = Vec::new();
+    let mut table = root;
+    // serde stops at the first error: record it, drop the offending key and try again, so that
+    // one run reports every bad key. Bounded by the number of keys.
+    let config = loop {
+        let de = ValueDeserializer::from(Spanned::new(table.span(), DeValue::Table(table.get_ref().clone())));
+        match Config::deserialize(de) {
+            Ok(c) => break Some(c),
+            Err(e) => {
+                let span = e.span();
+                let path = span.clone().and_then(|s| remove_key_at(table.get_mut(), &s, ""));
+                let message = e.message().trim().to_string();
+                errors.push(err(span, path.clone(), message));
+                if path.is_none() || errors.len() > 200 {
+                    break None;
+                }
+            }
+        }
+    };
+    if let Some(config) = &config {
+        for inv in config.validate() {
+            let span = span_of(original.get_ref(), &inv.key);
+            errors.push(err(span, Some(inv.key), inv.message));
+        }
+    }
+    match config {
+        Some(c) if errors.is_empty() => Ok(c),
+        _ => Err(ConfigErrors(errors)),
+    }
+}
+
+/// Removes the deepest key whose key or value span contains `span`; returns its dotted path.
+fn remove_key_at(table: &mut DeTable<'_>, span: &std::ops::Range<usize>, _prefix: &str) -> Option<String> {
+    let path = find_key_at(table, span)?;
+    let mut t = table;
+    for p in &path[..path.len() - 1] {
+        match t.get_mut(p.as_str()).map(|v| v.get_mut()) {
+            Some(DeValue::Table(inner)) => t = inner,
+            _ => return None,
+        }
+    }
+    t.remove(path[path.len() - 1].as_str());
+    Some(path.join("."))
+}
+
+/// The path of the deepest key whose key or value span contains `span`.
+fn find_key_at(table: &DeTable<'_>, span: &std::ops::Range<usize>) -> Option<Vec<String>> {
+    let contains = |s: std::ops::Range<usize>| s.start <= span.start && span.end <= s.end.max(s.start + 1);
+    for (k, v) in table.iter() {
+        if let DeValue::Table(inner) = v.get_ref() {
+            if let Some(mut p) = find_key_at(inner, span) {
+                p.insert(0, k.get_ref().to_string());
+                return Some(p);
+            }
+        }
+        if contains(k.span()) || contains(v.span()) {
+            return Some(vec![k.get_ref().to_string()]);
+        }
+    }
+    None
+}
+
+/// The span of a dotted key's value, for semantic errors.
+fn span_of(table: &DeTable<'_>, dotted: &str) -> Option<std::ops::Range<usize>> {
+    let mut parts = dotted.split('.');
+    let first = parts.next()?;
+    let (k, mut v) = table.get_key_value(first)?;
+    let mut span = k.span();
+    for p in parts {
+        let DeValue::Table(t) = v.get_ref() else { return Some(span) };
+        let (k2, v2) = t.get_key_value(p)?;
+        span = k2.span();
+        v = v2;
+    }
+    Some(span)
+}
+
+/// 1-based line and column of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(before.len(), |i| before.len() - i - 1) + 1;
+    (line, col)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse_str(text, Path::new("j.toml")) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn empty_file_is_the_default() {
+        let c = parse_str("", Path::new("j.toml")).expect("valid");
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn every_error_is_reported_with_line_and_key() {
+        let e = errors(
+            "[sources.nvml]\nbogus = 1\ncall_timeout_ms = \"soon\"\n\n[sinks.prometheus]\nlisten = \"nowhere\"\n",
+        );
+        assert_eq!(e.len(), 3, "{e:#?}");
+        assert!(e[0].starts_with("j.toml:2:1: key `sources.nvml.bogus`: unknown field `bogus`"), "{}", e[0]);
+        assert!(e[1].starts_with("j.toml:3:19: key `sources.nvml.call_timeout_ms`: invalid type"), "{}", e[1]);
+        assert!(e[2].starts_with("j.toml:6:1: key `sinks.prometheus.listen`: \"nowhere\" is not a socket address"), "{}", e[2]);
+    }
+
+    #[test]
+    fn unknown_section_is_named() {
+        let e = errors("[sources.nvlm]\nenabled = true\n");
+        assert_eq!(e.len(), 1, "{e:#?}");
+        assert!(e[0].contains("key `sources.nvlm`") && e[0].contains("unknown field `nvlm`"), "{}", e[0]);
+    }
+
+    #[test]
+    fn syntax_errors_have_a_line() {
+        let e = errors("[sinks.prometheus\nlisten = 1\n");
+        assert!(!e.is_empty());
+        assert!(e[0].starts_with("j.toml:1:"), "{}", e[0]);
+    }
+}

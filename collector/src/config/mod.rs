@@ -1,0 +1,144 @@
+//! Configuration: TOML with `[sources.<name>]` and `[sinks.<name>]` tables.
+//!
+//! Every section is declared with [`config_section!`], which produces the serde type, its
+//! defaults and its documentation from one place; the example config (`config/junction.toml`)
+//! and the reference (`docs/CONFIG.md`) are generated from them (see [`docs`]).
+
+pub mod docs;
+mod load;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub use load::load_file;
+
+/// Documentation of one field, for the generated example and reference.
+pub struct FieldDoc {
+    /// The TOML key.
+    pub name: &'static str,
+    /// The Rust type, as written in the declaration.
+    pub ty: &'static str,
+    /// The `///` text.
+    pub doc: &'static str,
+    /// The fields of a nested section (`None` for a scalar).
+    pub nested: fn() -> Option<&'static [FieldDoc]>,
+}
+
+/// Types that can describe their fields. Scalars have none.
+pub trait Describe {
+    /// The fields of this section, or `None` for a scalar.
+    fn fields() -> Option<&'static [FieldDoc]> {
+        None
+    }
+}
+
+impl Describe for bool {}
+impl Describe for u32 {}
+impl Describe for u64 {}
+impl Describe for f64 {}
+impl Describe for String {}
+impl Describe for PathBuf {}
+
+/// Declares a config section: a serde struct with `deny_unknown_fields`, a `Default` impl
+/// from the `= default` expressions and a [`Describe`] impl from the doc comments.
+macro_rules! config_section {
+    (
+        $(#[doc = $sdoc:literal])*
+        pub struct $name:ident {
+            $(
+                $(#[doc = $doc:literal])*
+                pub $field:ident : $ty:ty = $default:expr,
+            )*
+        }
+    ) => {
+        $(#[doc = $sdoc])*
+        #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct $name {
+            $( $(#[doc = $doc])* pub $field: $ty, )*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self { $( $field: $default, )* }
+            }
+        }
+
+        impl $crate::config::Describe for $name {
+            fn fields() -> Option<&'static [$crate::config::FieldDoc]> {
+                Some(&[ $( $crate::config::FieldDoc {
+                    name: stringify!($field),
+                    ty: stringify!($ty),
+                    doc: concat!($($doc, "\n"),*),
+                    nested: <$ty as $crate::config::Describe>::fields,
+                }, )* ])
+            }
+        }
+    };
+}
+pub(crate) use config_section;
+
+config_section! {
+    /// The whole configuration file.
+    pub struct Config {
+        /// Where data comes from.
+        pub sources: Sources = Sources::default(),
+        /// Where data goes.
+        pub sinks: Sinks = Sinks::default(),
+    }
+}
+
+config_section! {
+    /// `[sources.*]`
+    pub struct Sources {
+        /// NVML: per-GPU and per-MIG-instance state, polled on dedicated threads.
+        pub nvml: crate::sources::nvml::NvmlConfig = Default::default(),
+    }
+}
+
+config_section! {
+    /// `[sinks.*]`
+    pub struct Sinks {
+        /// The Prometheus scrape endpoint (`/metrics`, `/healthz`).
+        pub prometheus: PrometheusConfig = PrometheusConfig::default(),
+    }
+}
+
+config_section! {
+    /// `[sinks.prometheus]`
+    pub struct PrometheusConfig {
+        /// Serve `/metrics` and `/healthz`. Default: true.
+        pub enabled: bool = true,
+        /// Address and port to listen on. Default: "0.0.0.0:9474" (all interfaces, as a
+        /// scrape target must be reachable from Prometheus).
+        pub listen: String = "0.0.0.0:9474".into(),
+    }
+}
+
+/// One problem found by [`Config::validate`]: the dotted key and what is wrong.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Invalid {
+    /// Dotted path of the offending key, e.g. `sinks.prometheus.listen`.
+    pub key: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl Config {
+    /// Checks what serde cannot: addresses, paths, ranges. Returns every problem at once.
+    pub fn validate(&self) -> Vec<Invalid> {
+        let mut out = Vec::new();
+        let p = &self.sinks.prometheus;
+        if p.enabled && p.listen.parse::<SocketAddr>().is_err() {
+            out.push(Invalid {
+                key: "sinks.prometheus.listen".into(),
+                message: format!(
+                    "{:?} is not a socket address; write IP:PORT, e.g. \"0.0.0.0:9474\" or \"[::1]:9474\"",
+                    p.listen
+                ),
+            });
+        }
+        self.sources.nvml.validate("sources.nvml", &mut out);
+        out
+    }
+}

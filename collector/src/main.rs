@@ -1,0 +1,137 @@
+//! `junction`: the GPU node telemetry agent.
+
+mod cli;
+mod config;
+mod model;
+mod sinks;
+mod sources;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// GPU node telemetry: NVML, eBPF, kernel log and BMC, served as Prometheus and OTLP.
+#[derive(Debug, Parser)]
+#[command(name = "junction", version, about)]
+struct Args {
+    /// Configuration file (TOML). Without one, the defaults apply.
+    #[arg(long, short = 'c', global = true, env = "JUNCTION_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log filter (tracing syntax), e.g. "info" or "junction=debug". Overrides RUST_LOG.
+    #[arg(long, global = true)]
+    log_level: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the agent (the default).
+    Run,
+    /// Collect once and print the result.
+    Once {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// List the GPUs, what each supports, and what is disabled and why.
+    Inventory {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = InventoryFormat::Table)]
+        format: InventoryFormat,
+    },
+    /// Check the configuration and report every problem (exit code 2 if any).
+    Validate,
+    /// Print generated documentation (used by `cargo xtask docs`).
+    #[command(hide = true)]
+    Docs {
+        /// Which document.
+        #[arg(value_enum)]
+        which: Doc,
+    },
+}
+
+/// `junction once` formats.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Format {
+    /// A per-GPU table, like nvidia-smi.
+    Table,
+    /// Prometheus text exposition.
+    Prometheus,
+    /// JSON.
+    Json,
+}
+
+/// `junction inventory` formats.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum InventoryFormat {
+    /// Text.
+    Table,
+    /// JSON.
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Doc {
+    Metrics,
+    Config,
+    Example,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // One-shot commands print their result on stdout; keep stderr to warnings by default.
+    let quiet = matches!(args.command, Some(Command::Once { .. } | Command::Inventory { .. } | Command::Validate));
+    let filter = args
+        .log_level
+        .clone()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| if quiet { "warn" } else { "info" }.into());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| "info".into()))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+
+    if let Some(Command::Docs { which }) = &args.command {
+        print!(
+            "{}",
+            match which {
+                Doc::Metrics => model::registry::metrics_markdown(),
+                Doc::Config => config::docs::reference(),
+                Doc::Example => config::docs::example_config(),
+            }
+        );
+        return ExitCode::SUCCESS;
+    }
+
+    let config = match &args.config {
+        Some(path) => match config::load_file(path) {
+            Ok(c) => c,
+            Err(errors) => {
+                eprintln!("junction: invalid configuration:\n{errors}");
+                return ExitCode::from(2);
+            }
+        },
+        None => config::Config::default(),
+    };
+
+    let result = match args.command.unwrap_or(Command::Run) {
+        Command::Validate => {
+            println!("configuration is valid");
+            Ok(())
+        }
+        Command::Run => cli::run(config),
+        Command::Once { format } => cli::once(config, format),
+        Command::Inventory { format } => cli::inventory(config, format),
+        Command::Docs { .. } => Ok(()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("junction: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

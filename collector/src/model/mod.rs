@@ -1,0 +1,229 @@
+//! The node model: inventory, the latest samples per GPU and group, and per-GPU state.
+//! Sources write into it; sinks read snapshots of it. Sources never talk to sinks.
+
+pub mod registry;
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+pub use registry::{Group, Metric, REGISTRY};
+
+/// An attribute value: static for enums, owned for ids and names.
+pub type AttrValue = Cow<'static, str>;
+
+/// One data point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Which metric.
+    pub metric: Metric,
+    /// Attributes besides the GPU's `hw.id` (which the sinks add unless `hw.id` is here).
+    pub attrs: Vec<(&'static str, AttrValue)>,
+    /// The value, in the registry's unit.
+    pub value: f64,
+}
+
+impl Sample {
+    /// A sample with no extra attributes.
+    pub fn new(metric: Metric, value: f64) -> Self {
+        Self { metric, attrs: Vec::new(), value }
+    }
+
+    /// Adds an attribute.
+    pub fn with(mut self, key: &'static str, value: impl Into<AttrValue>) -> Self {
+        self.attrs.push((key, value.into()));
+        self
+    }
+
+    /// The value of an attribute.
+    pub fn attr(&self, key: &str) -> Option<&str> {
+        self.attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_ref())
+    }
+}
+
+/// Identity of a GPU, read once when the source is built.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct GpuInfo {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID: `hw.id`.
+    pub uuid: String,
+    /// Product name.
+    pub name: String,
+    /// Board serial, when the board has an infoROM.
+    pub serial: Option<String>,
+    /// PCI bus id normalised to `dddd:bb:dd.f`.
+    pub pci_bus_id: String,
+    /// Minor number (`/dev/nvidiaN`).
+    pub minor_number: Option<u32>,
+    /// VBIOS version.
+    pub vbios: Option<String>,
+}
+
+/// `hw.status` states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthState {
+    /// Working.
+    Ok,
+    /// Working but impaired (e.g. an NVML call is stuck).
+    Degraded,
+    /// Not working (e.g. fallen off the bus).
+    Failed,
+    /// Expected to fail.
+    PredictedFailure,
+}
+
+impl HealthState {
+    /// Every state, for the `hw.status` state set.
+    pub const ALL: [HealthState; 4] =
+        [HealthState::Ok, HealthState::Degraded, HealthState::Failed, HealthState::PredictedFailure];
+
+    /// The `hw.state` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthState::Ok => "ok",
+            HealthState::Degraded => "degraded",
+            HealthState::Failed => "failed",
+            HealthState::PredictedFailure => "predicted_failure",
+        }
+    }
+}
+
+/// What the model holds for one GPU.
+#[derive(Debug, Clone)]
+pub struct GpuSlot {
+    /// Identity.
+    pub info: GpuInfo,
+    /// Latest samples per group (index = [`Group::index`]).
+    pub groups: Vec<Arc<Vec<Sample>>>,
+    /// Current state and why.
+    pub state: HealthState,
+    /// Why the state is not ok.
+    pub reason: Option<String>,
+    /// Features disabled on this GPU and why (NOT_SUPPORTED, symbol missing).
+    pub disabled: BTreeMap<&'static str, String>,
+    /// An NVML call running past its deadline: the call and since when.
+    pub stuck: Option<(&'static str, Instant)>,
+    /// NVML calls that ran past the deadline.
+    pub timeouts: u64,
+    /// Failed reads per feature.
+    pub errors: BTreeMap<&'static str, u64>,
+    /// When a group last published.
+    pub updated: Option<Instant>,
+}
+
+impl GpuSlot {
+    fn new(info: GpuInfo) -> Self {
+        Self {
+            info,
+            groups: vec![Arc::new(Vec::new()); Group::ALL.len()],
+            state: HealthState::Ok,
+            reason: None,
+            disabled: BTreeMap::new(),
+            stuck: None,
+            timeouts: 0,
+            errors: BTreeMap::new(),
+            updated: None,
+        }
+    }
+}
+
+/// The node model shared by sources and sinks.
+#[derive(Debug, Default)]
+pub struct Model {
+    gpus: Mutex<Vec<Arc<Mutex<GpuSlot>>>>,
+    sources: Mutex<BTreeMap<&'static str, bool>>,
+    driver: Mutex<Option<DriverInfo>>,
+}
+
+/// Driver-level identity.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct DriverInfo {
+    /// Driver version.
+    pub driver_version: String,
+    /// CUDA driver version, e.g. "12.4".
+    pub cuda_version: Option<String>,
+    /// NVML version.
+    pub nvml_version: Option<String>,
+}
+
+/// Locks a mutex, recovering from poisoning (a panicked writer leaves consistent data here:
+/// every write is a whole-value replacement).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Model {
+    /// An empty model.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Adds a GPU to the inventory and returns its slot.
+    pub fn add_gpu(&self, info: GpuInfo) -> Arc<Mutex<GpuSlot>> {
+        let slot = Arc::new(Mutex::new(GpuSlot::new(info)));
+        lock(&self.gpus).push(slot.clone());
+        slot
+    }
+
+    /// Records driver identity.
+    pub fn set_driver(&self, d: DriverInfo) {
+        *lock(&self.driver) = Some(d);
+    }
+
+    /// Driver identity, if a source has set it.
+    pub fn driver(&self) -> Option<DriverInfo> {
+        lock(&self.driver).clone()
+    }
+
+    /// Records whether a source is up.
+    pub fn set_source_up(&self, source: &'static str, up: bool) {
+        lock(&self.sources).insert(source, up);
+    }
+
+    /// Source up flags.
+    pub fn sources(&self) -> BTreeMap<&'static str, bool> {
+        lock(&self.sources).clone()
+    }
+
+    /// The GPU slots.
+    pub fn gpus(&self) -> Vec<Arc<Mutex<GpuSlot>>> {
+        lock(&self.gpus).clone()
+    }
+
+    /// A consistent copy of every GPU slot (cheap: samples are shared `Arc`s).
+    pub fn snapshot(&self) -> Vec<GpuSlot> {
+        self.gpus().iter().map(|s| lock(s).clone()).collect()
+    }
+}
+
+/// The samples that describe a slot's state and the agent's view of it (always present).
+pub fn status_samples(slot: &GpuSlot, driver: Option<&DriverInfo>) -> Vec<Sample> {
+    let info = &slot.info;
+    let mut out = Vec::with_capacity(8);
+    let mut i = Sample::new(Metric::Info, 1.0)
+        .with("hw.name", info.name.clone())
+        .with("hw.vendor", "nvidia")
+        .with("hw.model", info.name.clone())
+        .with("hw.serial_number", info.serial.clone().unwrap_or_default())
+        .with("hw.driver_version", driver.map(|d| d.driver_version.clone()).unwrap_or_default())
+        .with("hw.firmware_version", info.vbios.clone().unwrap_or_default())
+        .with("gpu.index", info.index.to_string())
+        .with("gpu.minor_number", info.minor_number.map(|m| m.to_string()).unwrap_or_default())
+        .with("gpu.pci.bdf", info.pci_bus_id.clone());
+    i = i.with("gpu.cuda_driver_version", driver.and_then(|d| d.cuda_version.clone()).unwrap_or_default());
+    out.push(i);
+    for s in HealthState::ALL {
+        out.push(
+            Sample::new(Metric::Status, f64::from(u8::from(slot.state == s)))
+                .with("hw.type", "gpu")
+                .with("hw.state", s.as_str()),
+        );
+    }
+    out.push(Sample::new(Metric::NvmlTimeouts, slot.timeouts as f64));
+    out.push(Sample::new(Metric::NvmlStuck, f64::from(u8::from(slot.stuck.is_some()))));
+    out.push(Sample::new(Metric::Disabled, slot.disabled.len() as f64));
+    out
+}

@@ -1,0 +1,405 @@
+//! The metric registry: the one place metric names, units, kinds and attributes live.
+//! Prometheus names, OTLP names and `METRICS.md` are all derived from it.
+
+use std::fmt::Write as _;
+
+/// OpenTelemetry instrument kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A value sampled now.
+    Gauge,
+    /// A monotonic cumulative sum.
+    Counter,
+    /// A non-monotonic sum (exported as a gauge).
+    UpDownCounter,
+}
+
+/// NVML metric groups, each enabled and scheduled on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Group {
+    /// GPU, memory, encoder, decoder utilization.
+    Utilization,
+    /// Framebuffer and BAR1 memory.
+    Memory,
+    /// Power draw, limits and energy.
+    Power,
+    /// Die and memory-junction temperatures, thresholds, fans.
+    Temperature,
+    /// Clocks, performance state, clock event reasons, violation time.
+    Clocks,
+    /// ECC counters, retired pages, remapped rows, recovery action.
+    Errors,
+    /// PCIe throughput, replays, link generation and width.
+    Pcie,
+    /// NVLink state, throughput and errors per link.
+    Nvlink,
+    /// Compute and graphics processes with memory and utilization.
+    Processes,
+    /// MIG mode and MIG instances.
+    Mig,
+    /// Profiling metrics through GPM (Hopper and newer).
+    Gpm,
+    /// Always collected: identity, status, the agent's own health.
+    Status,
+}
+
+impl Group {
+    /// Every group, in collection order.
+    pub const ALL: [Group; 12] = [
+        Group::Utilization,
+        Group::Memory,
+        Group::Power,
+        Group::Temperature,
+        Group::Clocks,
+        Group::Errors,
+        Group::Pcie,
+        Group::Nvlink,
+        Group::Processes,
+        Group::Mig,
+        Group::Gpm,
+        Group::Status,
+    ];
+
+    /// The config key (`[sources.nvml.groups.<name>]`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Group::Utilization => "utilization",
+            Group::Memory => "memory",
+            Group::Power => "power",
+            Group::Temperature => "temperature",
+            Group::Clocks => "clocks",
+            Group::Errors => "errors",
+            Group::Pcie => "pcie",
+            Group::Nvlink => "nvlink",
+            Group::Processes => "processes",
+            Group::Mig => "mig",
+            Group::Gpm => "gpm",
+            Group::Status => "status",
+        }
+    }
+
+    /// Position in [`Group::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A metric descriptor.
+#[derive(Debug)]
+pub struct MetricDesc {
+    /// OpenTelemetry name.
+    pub name: &'static str,
+    /// UCUM unit.
+    pub unit: &'static str,
+    /// Instrument kind.
+    pub kind: Kind,
+    /// Attributes besides `hw.id`.
+    pub attrs: &'static [&'static str],
+    /// One line of help.
+    pub help: &'static str,
+    /// Where the value comes from.
+    pub source: &'static str,
+    /// The group that collects it.
+    pub group: Group,
+}
+
+macro_rules! registry {
+    ($( $id:ident = $name:literal, $unit:literal, $kind:ident, [$($attr:literal),*], $group:ident, $source:literal, $help:literal; )*) => {
+        /// Every metric Junction exports.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[repr(u16)]
+        pub enum Metric { $( #[doc = $help] $id, )* }
+
+        /// The registry, in the order of [`Metric`].
+        pub static REGISTRY: &[MetricDesc] = &[
+            $( MetricDesc { name: $name, unit: $unit, kind: Kind::$kind, attrs: &[$($attr),*], help: $help, source: $source, group: Group::$group }, )*
+        ];
+    };
+}
+
+registry! {
+    Info = "gpu.info", "{info}", Gauge, ["hw.name", "hw.vendor", "hw.model", "hw.serial_number", "hw.driver_version", "hw.firmware_version", "gpu.index", "gpu.minor_number", "gpu.pci.bdf", "gpu.cuda_driver_version"], Status,
+        "nvmlDeviceGetName/Serial/PciInfo_v3/MinorNumber/VbiosVersion, nvmlSystemGetDriverVersion", "GPU identity; always 1.";
+    Status = "hw.status", "1", UpDownCounter, ["hw.type", "hw.state"], Status,
+        "derived (lost GPU, stuck NVML call)", "1 for the GPU's current state (ok, degraded, failed, predicted_failure), 0 for the others.";
+    Utilization = "hw.gpu.utilization", "1", Gauge, ["hw.gpu.task"], Utilization,
+        "nvmlDeviceGetUtilizationRates, nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization", "Fraction of time the GPU (general), encoder or decoder was busy.";
+    MemoryUtilization = "hw.gpu.memory.utilization", "1", Gauge, [], Utilization,
+        "nvmlDeviceGetUtilizationRates", "Fraction of time device memory was being read or written.";
+    MemoryUsage = "hw.gpu.memory.usage", "By", UpDownCounter, [], Memory,
+        "nvmlDeviceGetMemoryInfo_v2 (v1 on old drivers)", "Device memory in use.";
+    MemoryLimit = "hw.gpu.memory.limit", "By", UpDownCounter, [], Memory,
+        "nvmlDeviceGetMemoryInfo_v2", "Total device memory.";
+    MemoryFree = "gpu.memory.free", "By", UpDownCounter, [], Memory,
+        "nvmlDeviceGetMemoryInfo_v2", "Device memory free.";
+    MemoryReserved = "gpu.memory.reserved", "By", UpDownCounter, [], Memory,
+        "nvmlDeviceGetMemoryInfo_v2", "Device memory reserved by the driver and firmware.";
+    Bar1Usage = "gpu.bar1.usage", "By", UpDownCounter, [], Memory,
+        "nvmlDeviceGetBAR1MemoryInfo", "BAR1 memory in use.";
+    Bar1Limit = "gpu.bar1.limit", "By", UpDownCounter, [], Memory,
+        "nvmlDeviceGetBAR1MemoryInfo", "Total BAR1 memory.";
+    Power = "hw.power", "W", Gauge, ["hw.type"], Power,
+        "nvmlDeviceGetPowerUsage (mW)", "Power drawn by the board.";
+    PowerLimit = "gpu.power.limit", "W", Gauge, ["gpu.power.limit_type"], Power,
+        "nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetPowerManagementDefaultLimit, nvmlDeviceGetPowerManagementLimitConstraints", "Power limits: enforced, default, min, max.";
+    Energy = "hw.energy", "J", Counter, ["hw.type"], Power,
+        "nvmlDeviceGetTotalEnergyConsumption (mJ)", "Energy consumed since the driver was loaded.";
+    Temperature = "hw.temperature", "Cel", Gauge, ["hw.sensor_location"], Temperature,
+        "nvmlDeviceGetTemperature (gpu_die), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction)", "GPU die and memory-junction (HBM) temperature.";
+    TemperatureLimit = "hw.temperature.limit", "Cel", Gauge, ["hw.sensor_location", "hw.limit_type"], Temperature,
+        "nvmlDeviceGetTemperatureThreshold", "Temperature thresholds: slowdown, shutdown, max operating (die and memory).";
+    FanSpeed = "hw.fan.speed_ratio", "1", Gauge, ["hw.fan.index"], Temperature,
+        "nvmlDeviceGetNumFans, nvmlDeviceGetFanSpeed_v2", "Fan speed as a fraction of its maximum.";
+    ClockFrequency = "gpu.clock.frequency", "Hz", Gauge, ["gpu.clock.domain"], Clocks,
+        "nvmlDeviceGetClockInfo (MHz)", "Current clock: graphics, sm, memory, video.";
+    ClockMaxFrequency = "gpu.clock.max_frequency", "Hz", Gauge, ["gpu.clock.domain"], Clocks,
+        "nvmlDeviceGetMaxClockInfo (MHz)", "Maximum clock: graphics, sm, memory, video.";
+    PerformanceState = "gpu.performance_state", "{pstate}", Gauge, [], Clocks,
+        "nvmlDeviceGetPerformanceState", "Performance state, 0 (P0, highest) to 15.";
+    ClockEvent = "gpu.clock.event.active", "{state}", Gauge, ["gpu.clock.event.reason"], Clocks,
+        "nvmlDeviceGetCurrentClocksThrottleReasons", "1 while the clock event (throttle) reason is active.";
+    ViolationTime = "gpu.violation.time", "s", Counter, ["gpu.violation.type"], Clocks,
+        "nvmlDeviceGetViolationStatus (ns)", "Time the GPU was held below its clocks by the power or thermal policy.";
+    EccErrors = "hw.errors", "{error}", Counter, ["hw.type", "error.type", "gpu.ecc.counter"], Errors,
+        "nvmlDeviceGetTotalEccErrors", "ECC errors: corrected or uncorrected; volatile (since driver load) or aggregate (lifetime).";
+    RetiredPages = "gpu.memory.retired_pages", "{page}", UpDownCounter, ["gpu.retirement.cause"], Errors,
+        "nvmlDeviceGetRetiredPages", "Pages retired for multiple single-bit or double-bit ECC errors (pre-Ampere).";
+    RetiredPending = "gpu.memory.retired_pages.pending", "{state}", Gauge, [], Errors,
+        "nvmlDeviceGetRetiredPagesPendingStatus", "1 if pages are waiting to be retired at the next reboot.";
+    RemappedRows = "gpu.memory.remapped_rows", "{row}", UpDownCounter, ["gpu.remap.type"], Errors,
+        "nvmlDeviceGetRemappedRows", "Rows remapped for correctable or uncorrectable errors (Ampere and newer).";
+    RemapPending = "gpu.memory.remap.pending", "{state}", Gauge, [], Errors,
+        "nvmlDeviceGetRemappedRows", "1 if a row remap is waiting for a GPU reset.";
+    RemapFailure = "gpu.memory.remap.failure", "{state}", Gauge, [], Errors,
+        "nvmlDeviceGetRemappedRows", "1 if a row remap has failed: the GPU needs service.";
+    RecoveryAction = "gpu.recovery_action", "{state}", Gauge, ["gpu.recovery_action"], Errors,
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)", "1 for the recovery action the driver asks for (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset).";
+    PcieThroughput = "gpu.pcie.throughput", "By/s", Gauge, ["network.io.direction"], Pcie,
+        "nvmlDeviceGetPcieThroughput (KiB/s)", "PCIe throughput over the last 20 ms.";
+    PcieReplay = "gpu.pcie.replay", "{replay}", Counter, [], Pcie,
+        "nvmlDeviceGetPcieReplayCounter", "PCIe replays.";
+    PcieGeneration = "gpu.pcie.link.generation", "{generation}", Gauge, ["gpu.pcie.link.state"], Pcie,
+        "nvmlDeviceGetCurrPcieLinkGeneration, nvmlDeviceGetMaxPcieLinkGeneration", "PCIe link generation: current or max.";
+    PcieWidth = "gpu.pcie.link.width", "{lane}", Gauge, ["gpu.pcie.link.state"], Pcie,
+        "nvmlDeviceGetCurrPcieLinkWidth, nvmlDeviceGetMaxPcieLinkWidth", "PCIe link width in lanes: current or max.";
+    NvlinkState = "gpu.nvlink.state", "{state}", Gauge, ["gpu.nvlink.link"], Nvlink,
+        "nvmlDeviceGetNvLinkState", "1 if the NVLink link is active.";
+    NvlinkIo = "gpu.nvlink.io", "By", Counter, ["gpu.nvlink.link", "network.io.direction"], Nvlink,
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX) (KiB)", "NVLink data bytes transmitted and received.";
+    NvlinkErrors = "gpu.nvlink.errors", "{error}", Counter, ["gpu.nvlink.link", "gpu.nvlink.error.type"], Nvlink,
+        "nvmlDeviceGetNvLinkErrorCounter", "NVLink errors: replay, recovery, crc_flit, crc_data.";
+    ProcessCount = "gpu.processes", "{process}", UpDownCounter, ["gpu.process.type"], Processes,
+        "nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetGraphicsRunningProcesses_v3", "Processes with a compute or graphics context on the GPU.";
+    ProcessMemory = "gpu.process.memory.usage", "By", UpDownCounter, ["process.pid", "process.executable.name", "gpu.process.type", "gpu.mig.gpu_instance_id"], Processes,
+        "nvmlDeviceGetComputeRunningProcesses_v3, nvmlSystemGetProcessName", "Device memory used by a process (capped per GPU by max_processes_per_gpu).";
+    ProcessUtilization = "gpu.process.utilization", "1", Gauge, ["process.pid", "process.executable.name", "hw.gpu.task"], Processes,
+        "nvmlDeviceGetProcessUtilization", "Fraction of the last sample period a process kept the SMs (general), memory, encoder or decoder busy.";
+    MigMode = "gpu.mig.mode", "{state}", Gauge, [], Mig,
+        "nvmlDeviceGetMigMode", "1 if MIG mode is enabled.";
+    MigMemoryUsage = "gpu.mig.memory.usage", "By", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id"], Mig,
+        "nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetMemoryInfo_v2", "Memory used in a MIG instance (hw.id is the MIG UUID).";
+    MigMemoryLimit = "gpu.mig.memory.limit", "By", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id"], Mig,
+        "nvmlDeviceGetMemoryInfo_v2", "Memory of a MIG instance (hw.id is the MIG UUID).";
+    MigProcesses = "gpu.mig.processes", "{process}", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id"], Mig,
+        "nvmlDeviceGetComputeRunningProcesses_v3 on the MIG handle", "Compute processes in a MIG instance.";
+    GpmSmActivity = "gpu.sm.activity", "1", Gauge, [], Gpm,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL)", "Fraction of SMs busy, averaged over the GPM interval (DCGM PROF_SM_ACTIVE).";
+    GpmSmOccupancy = "gpu.sm.occupancy", "1", Gauge, [], Gpm,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_OCCUPANCY)", "Resident warps as a fraction of the maximum (DCGM PROF_SM_OCCUPANCY).";
+    GpmGraphicsActivity = "gpu.graphics.activity", "1", Gauge, [], Gpm,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_GRAPHICS_UTIL)", "Fraction of time the graphics engine was active (DCGM PROF_GR_ENGINE_ACTIVE).";
+    GpmPipeActivity = "gpu.pipe.activity", "1", Gauge, ["gpu.pipe"], Gpm,
+        "nvmlGpmMetricsGet(ANY_TENSOR/DFMA_TENSOR/FP64/FP32/FP16_UTIL)", "Fraction of cycles a pipe was active: tensor, tensor_dfma, fp64, fp32, fp16.";
+    GpmDramActivity = "gpu.dram.activity", "1", Gauge, [], Gpm,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_DRAM_BW_UTIL)", "DRAM bandwidth used as a fraction of peak (DCGM PROF_DRAM_ACTIVE).";
+    GpmPcieThroughput = "gpu.gpm.pcie.throughput", "By/s", Gauge, ["network.io.direction"], Gpm,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_PCIE_TX/RX_PER_SEC) (MiB/s)", "PCIe bytes per second over the GPM interval.";
+    GpmNvlinkThroughput = "gpu.gpm.nvlink.throughput", "By/s", Gauge, ["network.io.direction"], Gpm,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX/RX_PER_SEC) (MiB/s)", "NVLink bytes per second over the GPM interval, all links.";
+    SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,
+        "agent", "1 while a source is running and answering.";
+    SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage"], Status,
+        "agent", "Failed reads per source and stage (an NVML call that returned an error).";
+    NvmlTimeouts = "junction.nvml.timeouts", "{timeout}", Counter, [], Status,
+        "agent", "NVML calls on this GPU that ran past call_timeout_ms.";
+    NvmlStuck = "junction.nvml.stuck", "{state}", Gauge, [], Status,
+        "agent", "1 while an NVML call on this GPU has been running past call_timeout_ms.";
+    Disabled = "junction.nvml.disabled_features", "{feature}", UpDownCounter, [], Status,
+        "agent", "NVML features disabled on this GPU (NOT_SUPPORTED or missing in the driver); `junction inventory` lists them.";
+}
+
+impl Metric {
+    /// The descriptor.
+    pub fn desc(self) -> &'static MetricDesc {
+        &REGISTRY[self as usize]
+    }
+}
+
+impl MetricDesc {
+    /// The Prometheus name under the standard OTLP-to-Prometheus translation (Prometheus'
+    /// `otlptranslator` with suffixes): unit suffix, `_ratio` for unit-1 gauges, `_total` for
+    /// monotonic counters.
+    pub fn prometheus_name(&self) -> String {
+        let mut name: String = self
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == ':' { c } else { '_' })
+            .collect();
+        while name.contains("__") {
+            name = name.replace("__", "_");
+        }
+        if let Some(suffix) = unit_suffix(self.unit, self.kind) {
+            if !name.split('_').any(|w| w == suffix) && !name.ends_with(&format!("_{suffix}")) {
+                name.push('_');
+                name.push_str(&suffix);
+            }
+        }
+        if self.kind == Kind::Counter && !name.ends_with("_total") {
+            name.push_str("_total");
+        }
+        name
+    }
+
+    /// The Prometheus type.
+    pub fn prometheus_type(&self) -> &'static str {
+        match self.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge | Kind::UpDownCounter => "gauge",
+        }
+    }
+}
+
+fn unit_word(u: &str) -> Option<&'static str> {
+    Some(match u {
+        "s" => "seconds",
+        "ms" => "milliseconds",
+        "us" => "microseconds",
+        "By" => "bytes",
+        "KiBy" => "kibibytes",
+        "MiBy" => "mebibytes",
+        "W" => "watts",
+        "J" => "joules",
+        "Cel" => "celsius",
+        "Hz" => "hertz",
+        "V" => "volts",
+        "A" => "amperes",
+        "Pa" => "pascals",
+        "kPa" => "kilopascals",
+        "L" => "liters",
+        "%" => "percent",
+        _ => return None,
+    })
+}
+
+fn per_word(u: &str) -> Option<&'static str> {
+    Some(match u {
+        "s" => "second",
+        "min" => "minute",
+        "h" => "hour",
+        _ => return None,
+    })
+}
+
+fn unit_suffix(unit: &str, kind: Kind) -> Option<String> {
+    if unit == "1" {
+        return (kind == Kind::Gauge).then(|| "ratio".to_string());
+    }
+    if unit.starts_with('{') {
+        return None;
+    }
+    match unit.split_once('/') {
+        Some((a, b)) => {
+            let main = unit_word(a).map(str::to_string).unwrap_or_else(|| a.to_string());
+            let per = per_word(b).map(str::to_string).unwrap_or_else(|| b.to_string());
+            Some(format!("{main}_per_{per}"))
+        }
+        None => Some(unit_word(unit).map(str::to_string).unwrap_or_else(|| unit.to_string())),
+    }
+}
+
+/// Prometheus label name for an attribute.
+pub fn label_name(attr: &str) -> String {
+    attr.replace(['.', '-'], "_")
+}
+
+/// `METRICS.md`, generated from the registry.
+pub fn metrics_markdown() -> String {
+    let mut out = String::from(
+        "# Metrics\n\n\
+         Generated from the metric registry (`collector/src/model/registry.rs`) by `cargo xtask docs`;\n\
+         do not edit by hand. Names follow the OpenTelemetry hardware semantic conventions first\n\
+         (`hw.*`), then `gpu.*`; Prometheus names are the standard OTLP-to-Prometheus translation.\n\
+         Every per-GPU series carries `hw.id` (the GPU UUID; the MIG UUID for `gpu.mig.*`).\n\
+         A metric whose NVML call is not supported on a GPU is absent for that GPU (see `junction inventory`).\n\n\
+         | name | Prometheus name | unit | type | attributes | NVML source | group |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for d in REGISTRY {
+        let kind = match d.kind {
+            Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+            Kind::UpDownCounter => "updowncounter",
+        };
+        let mut attrs = vec!["hw.id"];
+        attrs.extend(d.attrs.iter().copied().filter(|a| *a != "hw.id"));
+        if d.group == Group::Status && d.name.starts_with("junction.source") {
+            attrs.retain(|a| *a != "hw.id");
+        }
+        let attrs = attrs.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(", ");
+        let _ = writeln!(
+            out,
+            "| `{}` | `{}` | `{}` | {} | {} | {} | {} |",
+            d.name,
+            d.prometheus_name(),
+            d.unit,
+            kind,
+            attrs,
+            d.source,
+            d.group.name()
+        );
+        let _ = d.help;
+    }
+    out.push_str("\n## Descriptions\n\n");
+    for d in REGISTRY {
+        let _ = writeln!(out, "- `{}`: {}", d.name, d.help);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_names_follow_the_translation() {
+        let n = |m: Metric| m.desc().prometheus_name();
+        assert_eq!(n(Metric::Utilization), "hw_gpu_utilization_ratio");
+        assert_eq!(n(Metric::MemoryUsage), "hw_gpu_memory_usage_bytes");
+        assert_eq!(n(Metric::Power), "hw_power_watts");
+        assert_eq!(n(Metric::Energy), "hw_energy_joules_total");
+        assert_eq!(n(Metric::Temperature), "hw_temperature_celsius");
+        assert_eq!(n(Metric::Status), "hw_status");
+        assert_eq!(n(Metric::EccErrors), "hw_errors_total");
+        assert_eq!(n(Metric::FanSpeed), "hw_fan_speed_ratio");
+        assert_eq!(n(Metric::PcieThroughput), "gpu_pcie_throughput_bytes_per_second");
+        assert_eq!(n(Metric::ViolationTime), "gpu_violation_time_seconds_total");
+        assert_eq!(n(Metric::ClockFrequency), "gpu_clock_frequency_hertz");
+        assert_eq!(n(Metric::Info), "gpu_info");
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<String> = REGISTRY.iter().map(MetricDesc::prometheus_name).collect();
+        names.sort();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(before, names.len());
+    }
+
+    #[test]
+    fn committed_metrics_md_matches_the_registry() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../METRICS.md");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(committed == metrics_markdown(), "METRICS.md is out of date: run `cargo xtask docs` and commit it");
+    }
+}

@@ -1,0 +1,143 @@
+//! The Prometheus text exposition format (0.0.4), rendered from a model snapshot.
+
+use std::fmt::Write as _;
+
+use crate::model::registry::label_name;
+use crate::model::{DriverInfo, GpuSlot, Metric, REGISTRY, Sample, status_samples};
+
+/// Samples from one snapshot, grouped by metric, each with the `hw.id` of its GPU.
+pub struct Families<'a> {
+    by_metric: Vec<Vec<(&'a str, &'a Sample)>>,
+}
+
+/// Per-snapshot samples that are not stored in the model (status, agent health).
+pub struct Derived {
+    per_gpu: Vec<Vec<Sample>>,
+    node: Vec<Sample>,
+}
+
+impl Derived {
+    /// Computes the derived samples of a snapshot.
+    pub fn new(gpus: &[GpuSlot], driver: Option<&DriverInfo>, sources: &[(&'static str, bool)]) -> Self {
+        let per_gpu = gpus.iter().map(|g| status_samples(g, driver)).collect();
+        let mut node = Vec::new();
+        for (source, up) in sources {
+            node.push(Sample::new(Metric::SourceUp, f64::from(u8::from(*up))).with("junction.source", *source));
+        }
+        for g in gpus {
+            for (stage, n) in &g.errors {
+                node.push(
+                    Sample::new(Metric::SourceErrors, *n as f64)
+                        .with("junction.source", "nvml")
+                        .with("junction.stage", *stage)
+                        .with("hw.id", g.info.uuid.clone()),
+                );
+            }
+        }
+        Self { per_gpu, node }
+    }
+}
+
+impl<'a> Families<'a> {
+    /// Indexes a snapshot: one pass over every sample.
+    pub fn new(gpus: &'a [GpuSlot], derived: &'a Derived) -> Self {
+        let mut by_metric: Vec<Vec<(&str, &Sample)>> = vec![Vec::new(); REGISTRY.len()];
+        for (g, extra) in gpus.iter().zip(&derived.per_gpu) {
+            let id = g.info.uuid.as_str();
+            for s in g.groups.iter().flat_map(|v| v.iter()).chain(extra) {
+                by_metric[s.metric as usize].push((id, s));
+            }
+        }
+        for s in &derived.node {
+            by_metric[s.metric as usize].push(("", s));
+        }
+        Self { by_metric }
+    }
+
+    /// Every metric with samples, in registry order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &[(&'a str, &'a Sample)])> {
+        self.by_metric.iter().enumerate().filter(|(_, v)| !v.is_empty()).map(|(i, v)| (i, v.as_slice()))
+    }
+}
+
+/// Renders the exposition text.
+pub fn render(families: &Families<'_>, out: &mut String) {
+    for (i, samples) in families.iter() {
+        let d = &REGISTRY[i];
+        let name = d.prometheus_name();
+        let _ = writeln!(out, "# HELP {name} {}", escape_help(d.help));
+        let _ = writeln!(out, "# TYPE {name} {}", d.prometheus_type());
+        for (id, s) in samples {
+            out.push_str(&name);
+            out.push('{');
+            let mut first = true;
+            let has_own_id = s.attrs.iter().any(|(k, _)| *k == "hw.id");
+            if !id.is_empty() && !has_own_id {
+                write_label(out, &mut first, "hw.id", id);
+            }
+            for (k, v) in &s.attrs {
+                write_label(out, &mut first, k, v);
+            }
+            out.push_str("} ");
+            write_value(out, s.value);
+            out.push('\n');
+        }
+    }
+}
+
+fn write_label(out: &mut String, first: &mut bool, key: &str, value: &str) {
+    if !*first {
+        out.push(',');
+    }
+    *first = false;
+    out.push_str(&label_name(key));
+    out.push_str("=\"");
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn write_value(out: &mut String, v: f64) {
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
+    } else if v.fract() == 0.0 && v.abs() < 9.007_199_254_740_992e15 {
+        let _ = write!(out, "{}", v as i64);
+    } else {
+        let _ = write!(out, "{v}");
+    }
+}
+
+fn escape_help(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{GpuInfo, Model};
+
+    #[test]
+    fn renders_families_with_hw_id_and_escaped_labels() {
+        let model = Model::new();
+        let slot = model.add_gpu(GpuInfo { uuid: "GPU-1".into(), name: "A \"quoted\" GPU".into(), ..Default::default() });
+        crate::model::lock(&slot).groups[crate::model::Group::Power.index()] =
+            std::sync::Arc::new(vec![Sample::new(Metric::Power, 612.5).with("hw.type", "gpu")]);
+        let snap = model.snapshot();
+        let derived = Derived::new(&snap, None, &[("nvml", true)]);
+        let fam = Families::new(&snap, &derived);
+        let mut out = String::new();
+        render(&fam, &mut out);
+        assert!(out.contains("# TYPE hw_power_watts gauge\nhw_power_watts{hw_id=\"GPU-1\",hw_type=\"gpu\"} 612.5\n"), "{out}");
+        assert!(out.contains("hw_name=\"A \\\"quoted\\\" GPU\""), "{out}");
+        assert!(out.contains("hw_status{hw_id=\"GPU-1\",hw_type=\"gpu\",hw_state=\"ok\"} 1\n"), "{out}");
+        assert!(out.contains("junction_source_up{junction_source=\"nvml\"} 1\n"), "{out}");
+    }
+}

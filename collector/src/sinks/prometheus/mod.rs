@@ -1,0 +1,62 @@
+//! The Prometheus sink: `/metrics` (text exposition 0.0.4) and `/healthz` over HTTP.
+//!
+//! Needs: a free TCP port (`listen`). Every scrape renders a fresh snapshot of the model, so
+//! a stuck NVML call never blocks a scrape (the model is only locked to copy `Arc`s).
+//! How it fails: a bind error fails `junction run` at start-up with the address in the message.
+
+pub mod encode;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use crate::model::Model;
+
+/// Renders the whole model as Prometheus text.
+pub fn render(model: &Model) -> String {
+    let snap = model.snapshot();
+    let driver = model.driver();
+    let sources: Vec<(&'static str, bool)> = model.sources().into_iter().collect();
+    let derived = encode::Derived::new(&snap, driver.as_ref(), &sources);
+    let fam = encode::Families::new(&snap, &derived);
+    let mut out = String::with_capacity(64 * 1024);
+    encode::render(&fam, &mut out);
+    out
+}
+
+async fn metrics(State(model): State<Arc<Model>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], render(&model))
+}
+
+async fn healthz(State(model): State<Arc<Model>>) -> impl IntoResponse {
+    let sources = model.sources();
+    let down: Vec<&str> = sources.iter().filter(|(_, up)| !**up).map(|(s, _)| *s).collect();
+    if down.is_empty() {
+        (StatusCode::OK, "ok\n".to_string())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("sources down: {}\n", down.join(", ")))
+    }
+}
+
+/// Binds the listener (so that a bad address fails at start-up).
+pub async fn bind(listen: &str) -> Result<tokio::net::TcpListener, std::io::Error> {
+    let addr: SocketAddr = listen
+        .parse()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{listen:?}: {e}")))?;
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    model: Arc<Model>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz)).with_state(model);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}

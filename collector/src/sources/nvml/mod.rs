@@ -1,0 +1,284 @@
+//! The NVML source: per-GPU and per-MIG-instance state through `nvml-wrapper`.
+//!
+//! Reads: `libnvidia-ml.so.1` (or `library`), which needs access to `/dev/nvidia*` (root or the
+//! `video` group; in a container, the NVIDIA runtime's device mounts).
+//!
+//! How it fails: building fails loudly if the library cannot be loaded or initialised. Once
+//! running, each GPU has its own thread: a call that returns `NOT_SUPPORTED` or is missing from
+//! the driver disables that feature for that GPU (logged once, listed by `junction inventory`);
+//! a call that hangs past `call_timeout_ms` marks the GPU as stuck and the other GPUs go on; a
+//! GPU that falls off the bus is reported failed and retried with backoff.
+
+mod collect;
+mod worker;
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+
+use crate::config::{Invalid, config_section};
+use crate::model::{DriverInfo, GpuInfo, Group, Model};
+pub use worker::{Shutdown, Workers};
+
+config_section! {
+    /// `[sources.nvml]`
+    pub struct NvmlConfig {
+        /// Poll NVML. Default: true.
+        pub enabled: bool = true,
+        /// The NVML library: a bare name is looked up by the dynamic loader, a path is opened
+        /// as is. Default: "libnvidia-ml.so.1".
+        pub library: String = "libnvidia-ml.so.1".into(),
+        /// An NVML call running longer than this marks its GPU as stuck
+        /// (`junction_nvml_stuck`); the other GPUs keep updating. Default: 2000.
+        pub call_timeout_ms: u64 = 2000,
+        /// At most this many processes are reported per GPU (the ones using the most
+        /// memory), bounding label cardinality. Default: 64.
+        pub max_processes_per_gpu: u32 = 64,
+        /// A lost GPU is retried after 1 s, then with doubling waits up to this. Default: 60.
+        pub lost_retry_max_secs: u64 = 60,
+        /// Metric groups, each enabled and scheduled on its own. A training node wants
+        /// seconds; an inference node tolerates tens of seconds.
+        pub groups: GroupsConfig = GroupsConfig::default(),
+    }
+}
+
+config_section! {
+    /// `[sources.nvml.groups]`: one table per metric group.
+    pub struct GroupsConfig {
+        /// GPU, memory, encoder, decoder utilization. Default interval: 5 s.
+        pub utilization: GroupConfig = GroupConfig::every(5),
+        /// Framebuffer and BAR1 memory. Default interval: 5 s.
+        pub memory: GroupConfig = GroupConfig::every(5),
+        /// Power, power limits, energy. Default interval: 5 s.
+        pub power: GroupConfig = GroupConfig::every(5),
+        /// Die and memory-junction temperature, thresholds, fans. Default interval: 5 s.
+        pub temperature: GroupConfig = GroupConfig::every(5),
+        /// Clocks, performance state, clock event reasons, violation time. Default: 10 s.
+        pub clocks: GroupConfig = GroupConfig::every(10),
+        /// ECC, retired pages, remapped rows, recovery action. Default interval: 30 s.
+        pub errors: GroupConfig = GroupConfig::every(30),
+        /// PCIe throughput, replays, link state. Default interval: 10 s.
+        pub pcie: GroupConfig = GroupConfig::every(10),
+        /// NVLink state, throughput, errors per link. Default interval: 10 s.
+        pub nvlink: GroupConfig = GroupConfig::every(10),
+        /// Processes with their memory and utilization. Default interval: 5 s.
+        pub processes: GroupConfig = GroupConfig::every(5),
+        /// MIG mode and instances. Default interval: 10 s.
+        pub mig: GroupConfig = GroupConfig::every(10),
+        /// GPM profiling metrics (Hopper and newer), averaged over the interval. Default: 10 s.
+        pub gpm: GroupConfig = GroupConfig::every(10),
+    }
+}
+
+config_section! {
+    /// One metric group.
+    pub struct GroupConfig {
+        /// Collect this group. Default: true.
+        pub enabled: bool = true,
+        /// Seconds between collections; 0 takes the group's default.
+        pub interval_secs: u64 = 0,
+    }
+}
+
+impl GroupConfig {
+    fn every(secs: u64) -> Self {
+        Self { enabled: true, interval_secs: secs }
+    }
+}
+
+impl GroupsConfig {
+    /// The config and default interval of a group (`None` for the always-on status group).
+    pub fn get(&self, g: Group) -> Option<(&GroupConfig, u64)> {
+        Some(match g {
+            Group::Utilization => (&self.utilization, 5),
+            Group::Memory => (&self.memory, 5),
+            Group::Power => (&self.power, 5),
+            Group::Temperature => (&self.temperature, 5),
+            Group::Clocks => (&self.clocks, 10),
+            Group::Errors => (&self.errors, 30),
+            Group::Pcie => (&self.pcie, 10),
+            Group::Nvlink => (&self.nvlink, 10),
+            Group::Processes => (&self.processes, 5),
+            Group::Mig => (&self.mig, 10),
+            Group::Gpm => (&self.gpm, 10),
+            Group::Status => return None,
+        })
+    }
+
+    /// Enabled groups with their intervals.
+    pub fn schedule(&self) -> Vec<(Group, Duration)> {
+        Group::ALL
+            .iter()
+            .filter_map(|&g| {
+                let (c, default) = self.get(g)?;
+                let secs = if c.interval_secs == 0 { default } else { c.interval_secs };
+                c.enabled.then(|| (g, Duration::from_secs(secs)))
+            })
+            .collect()
+    }
+}
+
+impl NvmlConfig {
+    /// Adds every problem with this section to `out`.
+    pub fn validate(&self, prefix: &str, out: &mut Vec<Invalid>) {
+        if !self.enabled {
+            return;
+        }
+        if self.library.contains('/') && !std::path::Path::new(&self.library).exists() {
+            out.push(Invalid {
+                key: format!("{prefix}.library"),
+                message: format!(
+                    "{:?} does not exist; give the path of libnvidia-ml.so.1, or a bare name such as \
+                     \"libnvidia-ml.so.1\" to use the loader's search path",
+                    self.library
+                ),
+            });
+        }
+        if !(10..=600_000).contains(&self.call_timeout_ms) {
+            out.push(Invalid {
+                key: format!("{prefix}.call_timeout_ms"),
+                message: format!("{} is out of range; use 10 to 600000", self.call_timeout_ms),
+            });
+        }
+        if self.lost_retry_max_secs == 0 {
+            out.push(Invalid {
+                key: format!("{prefix}.lost_retry_max_secs"),
+                message: "must be at least 1".into(),
+            });
+        }
+        for g in Group::ALL {
+            if let Some((c, _)) = self.groups.get(g) {
+                if c.interval_secs > 86_400 {
+                    out.push(Invalid {
+                        key: format!("{prefix}.groups.{}.interval_secs", g.name()),
+                        message: format!("{} is more than a day; use 1 to 86400 (0 = default)", c.interval_secs),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Why the NVML source could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Loading or initialising the library failed.
+    #[error("cannot initialise NVML from {library:?}")]
+    Init {
+        /// The library asked for.
+        library: String,
+        /// The cause.
+        #[source]
+        source: NvmlError,
+    },
+    /// Counting GPUs failed.
+    #[error("cannot count GPUs through NVML")]
+    Count(#[source] NvmlError),
+}
+
+/// A built NVML source: the library is loaded and every GPU is in the model's inventory.
+pub struct NvmlSource {
+    nvml: Arc<Nvml>,
+    config: NvmlConfig,
+    model: Arc<Model>,
+    gpus: Vec<Arc<std::sync::Mutex<crate::model::GpuSlot>>>,
+}
+
+impl NvmlSource {
+    /// Loads NVML, reads every GPU's identity and adds it to the model.
+    pub fn build(config: &NvmlConfig, model: Arc<Model>) -> Result<Self, BuildError> {
+        let nvml = Nvml::builder()
+            .lib_path(OsStr::new(&config.library))
+            .init()
+            .map_err(|source| BuildError::Init { library: config.library.clone(), source })?;
+        let driver = DriverInfo {
+            driver_version: nvml.sys_driver_version().unwrap_or_default(),
+            cuda_version: nvml
+                .sys_cuda_driver_version()
+                .ok()
+                .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10)),
+            nvml_version: nvml.sys_nvml_version().ok(),
+        };
+        model.set_driver(driver);
+        let count = nvml.device_count().map_err(BuildError::Count)?;
+        let mut gpus = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let info = read_identity(&nvml, index);
+            gpus.push(model.add_gpu(info));
+        }
+        tracing::info!(gpus = count, library = %config.library, "NVML source ready");
+        model.set_source_up("nvml", true);
+        Ok(Self { nvml: Arc::new(nvml), config: config.clone(), model, gpus })
+    }
+
+    /// Starts one thread per GPU and the deadline watchdog.
+    pub fn start(self, shutdown: Shutdown) -> Workers {
+        worker::start(self.nvml, &self.config, self.gpus, shutdown, false)
+    }
+
+    /// Collects every enabled group once on every GPU and waits for the results (bounded by
+    /// `call_timeout_ms` per GPU).
+    pub fn collect_once(self) -> Arc<Model> {
+        let shutdown = Shutdown::default();
+        let workers = worker::start(self.nvml, &self.config, self.gpus, shutdown.clone(), true);
+        workers.wait_once(Duration::from_millis(self.config.call_timeout_ms) * 4 + Duration::from_secs(1));
+        shutdown.trigger();
+        self.model
+    }
+}
+
+/// Reads a GPU's identity; what cannot be read is left empty.
+fn read_identity(nvml: &Nvml, index: u32) -> GpuInfo {
+    let mut info = GpuInfo { index, ..GpuInfo::default() };
+    match nvml.device_by_index(index) {
+        Ok(d) => {
+            info.uuid = d.uuid().unwrap_or_else(|_| format!("unknown-{index}"));
+            info.name = d.name().unwrap_or_default();
+            info.serial = d.serial().ok();
+            info.pci_bus_id = d.pci_info().map(|p| normalise_bus_id(&p.bus_id)).unwrap_or_default();
+            info.minor_number = d.minor_number().ok();
+            info.vbios = d.vbios_version().ok();
+        }
+        Err(e) => {
+            tracing::error!(gpu = index, error = %e, "cannot open GPU through NVML");
+            info.uuid = format!("unknown-{index}");
+        }
+    }
+    info
+}
+
+/// `00000000:18:00.0` → `0000:18:00.0` (the form the kernel uses in sysfs and kmsg).
+pub fn normalise_bus_id(raw: &str) -> String {
+    let raw = raw.trim().to_ascii_lowercase();
+    match raw.split_once(':') {
+        Some((domain, rest)) if domain.len() > 4 => {
+            let d = u32::from_str_radix(domain, 16).unwrap_or(0);
+            format!("{d:04x}:{rest}")
+        }
+        _ => raw,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids_are_normalised() {
+        assert_eq!(normalise_bus_id("00000000:AB:00.0"), "0000:ab:00.0");
+        assert_eq!(normalise_bus_id("0000:3b:00.0"), "0000:3b:00.0");
+    }
+
+    #[test]
+    fn zero_interval_takes_the_group_default() {
+        let mut g = GroupsConfig::default();
+        g.utilization.interval_secs = 0;
+        g.gpm.enabled = false;
+        let s = g.schedule();
+        assert_eq!(s[0], (Group::Utilization, Duration::from_secs(5)));
+        assert!(!s.iter().any(|(g, _)| *g == Group::Gpm));
+    }
+}
