@@ -1,1 +1,167 @@
-fn main() {}
+//! `cargo xtask`: building the BPF programs and the NVML simulator, the demo, the test suite
+//! (installing what it needs) and the benchmarks.
+
+mod bench;
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  build-ebpf        build the BPF programs (installs nightly rust-src, LLVM 22 and bpf-linker if missing)
+  nvml-sim          build the NVML simulator library (current and legacy builds) and print its path
+  docs              regenerate METRICS.md, docs/CONFIG.md and config/junction.toml
+  demo              run Junction on the simulated 8x H100 node: print the table, serve /metrics
+  test              install what the tests need, then run every check and test
+  bench [--smoke]   measure CPU and memory per collection; writes BENCHMARKS.md (not with --smoke)
+";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cmd = args.first().map(String::as_str).unwrap_or("");
+    let rest = &args[args.len().min(1)..];
+    match cmd {
+        "build-ebpf" => build_ebpf().map(|p| println!("{}", p.display())),
+        "nvml-sim" => nvml_sim().map(|p| println!("{}", p.display())),
+        "docs" => docs(),
+        "demo" => demo(),
+        "test" => test(),
+        "bench" => bench::run(rest.iter().any(|a| a == "--smoke")),
+        _ => {
+            eprint!("{USAGE}");
+            if cmd.is_empty() || cmd == "help" || cmd == "--help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
+        }
+    }
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Runs a command, failing with its name if it fails.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// Builds the BPF object and checks that it is an eBPF ELF.
+fn build_ebpf() -> Result<PathBuf> {
+    let path_env = setup::bpf_toolchain()?;
+    let dir = root().join("collector-ebpf");
+    // rustup picks nightly from collector-ebpf/rust-toolchain.toml; CARGO/RUSTC from the outer
+    // stable cargo must not leak in.
+    let mut c = Command::new("cargo");
+    c.current_dir(&dir)
+        .env("PATH", path_env)
+        .env_remove("CARGO")
+        .env_remove("RUSTC")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("CARGO_TARGET_DIR")
+        .args(["build", "--release", "--locked"]);
+    run(&mut c)?;
+    let obj = dir.join("target/bpfel-unknown-none/release/junction-ebpf");
+    let bytes = std::fs::read(&obj).with_context(|| format!("cannot read {}", obj.display()))?;
+    // ELF magic, and e_machine (offset 18, little endian) = 247 (EM_BPF).
+    if bytes.len() < 20 || &bytes[..4] != b"\x7fELF" || u16::from_le_bytes([bytes[18], bytes[19]]) != 247 {
+        bail!("{} is not an eBPF ELF object", obj.display());
+    }
+    Ok(obj)
+}
+
+/// Builds both simulator variants into `target/nvml-sim/{current,legacy}/libnvidia-ml.so.1`.
+pub fn nvml_sim() -> Result<PathBuf> {
+    let out = root().join("target/nvml-sim");
+    for (variant, features) in [("legacy", Some("legacy")), ("current", None)] {
+        let mut c = cargo();
+        c.args(["build", "--quiet", "-p", "nvml-sim"]);
+        if let Some(f) = features {
+            c.args(["--features", f]);
+        }
+        run(&mut c)?;
+        let dir = out.join(variant);
+        std::fs::create_dir_all(&dir)?;
+        let dest = dir.join("libnvidia-ml.so.1");
+        // Copy to a temporary name and rename, so that a running reader never sees half a file.
+        let tmp = dir.join(".libnvidia-ml.so.1.tmp");
+        std::fs::copy(root().join("target/debug/libnvidia_ml.so"), &tmp)?;
+        std::fs::rename(&tmp, &dest)?;
+    }
+    Ok(out.join("current/libnvidia-ml.so.1"))
+}
+
+fn junction_output(args: &[&str]) -> Result<String> {
+    let out = cargo().args(["run", "--quiet", "-p", "junction", "--"]).args(args).output()?;
+    if !out.status.success() {
+        bail!("junction {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+fn docs() -> Result<()> {
+    for (which, path) in [("metrics", "METRICS.md"), ("config", "docs/CONFIG.md"), ("example", "config/junction.toml")] {
+        let text = junction_output(&["docs", which])?;
+        let dest = root().join(path);
+        if let Some(dir) = dest.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&dest, text)?;
+        println!("wrote {path}");
+    }
+    Ok(())
+}
+
+/// The config the demo and the benchmarks use: the simulator library, everything at `interval`.
+pub fn sim_config(listen: &str, interval_secs: u64) -> String {
+    let lib = root().join("target/nvml-sim/current/libnvidia-ml.so.1");
+    let mut s = format!("[sources.nvml]\nlibrary = {:?}\n\n[sinks.prometheus]\nlisten = {listen:?}\n", lib.display().to_string());
+    if interval_secs > 0 {
+        for g in ["utilization", "memory", "power", "temperature", "clocks", "errors", "pcie", "nvlink", "processes", "mig", "gpm"] {
+            s.push_str(&format!("\n[sources.nvml.groups.{g}]\ninterval_secs = {interval_secs}\n"));
+        }
+    }
+    s
+}
+
+fn demo() -> Result<()> {
+    nvml_sim()?;
+    run(cargo().args(["build", "--quiet", "-p", "junction"]))?;
+    let dir = root().join("target/demo");
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("junction.toml");
+    std::fs::write(&config, sim_config("127.0.0.1:9474", 5))?;
+    let scenario = root().join("tests/scenarios/h100-training.toml");
+    let bin = root().join("target/debug/junction");
+    let config = config.display().to_string();
+    println!("Simulated node: {}\n", scenario.display());
+    run(Command::new(&bin).env("JUNCTION_NVML_SIM_SCENARIO", &scenario).args(["--config", &config, "once"]))?;
+    println!("\nServing http://127.0.0.1:9474/metrics (Ctrl-C to stop)");
+    run(Command::new(&bin).env("JUNCTION_NVML_SIM_SCENARIO", &scenario).args(["--config", &config, "run"]))
+}
+
+fn test() -> Result<()> {
+    let env = setup::test_dependencies()?;
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
+    let obj = build_ebpf()?;
+    println!("BPF object: {}", obj.display());
+    let sim = nvml_sim()?;
+    println!("NVML simulator: {}", sim.display());
+    let mut c = cargo();
+    c.args(["test", "--workspace"]).env("JUNCTION_PYTHON", &env.python).env("JUNCTION_BPF_OBJECT", &obj);
+    run(&mut c)?;
+    bench::run(true)
+}

@@ -12,6 +12,10 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
+    /// Another scenario file (relative to this one) that this one modifies: tables merge
+    /// key by key, everything else replaces.
+    #[serde(default)]
+    pub base: Option<String>,
     /// Number of GPUs on the node.
     pub gpu_count: u32,
     /// Driver, CUDA and NVML versions.
@@ -62,7 +66,8 @@ impl Default for Driver {
 #[serde(deny_unknown_fields, default)]
 pub struct GpuSpec {
     pub name: Option<String>,
-    /// Defaults to a UUID derived from `uuid_seed` and the index.
+    /// Defaults to a UUID derived from `uuid_seed` and the index (`[defaults]` values of
+    /// `uuid` and `serial` apply only to single-GPU scenarios).
     pub uuid: Option<String>,
     pub uuid_seed: Option<u32>,
     pub serial: Option<String>,
@@ -261,9 +266,15 @@ impl Gpu {
 }
 
 impl Scenario {
-    /// Parses a scenario file's text.
+    /// Parses a scenario file's text (without `base` resolution).
     pub fn parse(text: &str) -> Result<Self, String> {
         toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Reads a scenario file, applying its `base` chain.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let table = load_table(path, 0)?;
+        table.try_into().map_err(|e: toml::de::Error| format!("{}: {e}", path.display()))
     }
 
     /// The GPUs with `[defaults]` and `[[gpus]]` merged.
@@ -292,11 +303,11 @@ impl Scenario {
                 Gpu {
                     index: i,
                     name: o.name.or(d.name.clone()).unwrap_or_else(|| "NVIDIA H100 80GB HBM3".into()),
-                    uuid: o.uuid.unwrap_or_else(|| {
+                    uuid: o.uuid.or_else(|| d.uuid.clone().filter(|_| self.gpu_count == 1)).unwrap_or_else(|| {
                         format!("GPU-{seed:08x}-{i:04x}-4{i:03x}-8000-{:012x}", u64::from(seed) * 31 + u64::from(i))
                     }),
-                    serial: o.serial.unwrap_or_else(|| format!("{}", 1_650_000_000_000u64 + u64::from(seed) * 100 + u64::from(i))),
-                    pci_bus: o.pci_bus.unwrap_or(0x10 + i),
+                    serial: o.serial.or_else(|| d.serial.clone().filter(|_| self.gpu_count == 1)).unwrap_or_else(|| format!("{}", 1_650_000_000_000u64 + u64::from(seed) * 100 + u64::from(i))),
+                    pci_bus: o.pci_bus.or(d.pci_bus.map(|b| b + i)).unwrap_or(0x10 + i),
                     pci_device_id: o.pci_device_id.or(d.pci_device_id).unwrap_or(0x2330_10de),
                     minor_number: o.minor_number.unwrap_or(i),
                     vbios_version: o.vbios_version.or(d.vbios_version.clone()).unwrap_or_else(|| "96.00.74.00.01".into()),
@@ -309,6 +320,32 @@ impl Scenario {
                 }
             })
             .collect()
+    }
+}
+
+fn load_table(path: &std::path::Path, depth: usize) -> Result<toml::Table, String> {
+    if depth > 8 {
+        return Err(format!("{}: `base` chain is too deep", path.display()));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let Some(base) = table.remove("base") else { return Ok(table) };
+    let base = base.as_str().ok_or_else(|| format!("{}: `base` must be a file name", path.display()))?;
+    let base_path = path.parent().unwrap_or(std::path::Path::new(".")).join(base);
+    let mut merged = load_table(&base_path, depth + 1)?;
+    merge(&mut merged, table);
+    Ok(merged)
+}
+
+/// Deep-merges `over` into `into`: tables key by key, other values replace.
+fn merge(into: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (into.get_mut(&k), v) {
+            (Some(toml::Value::Table(a)), toml::Value::Table(b)) => merge(a, b),
+            (_, v) => {
+                into.insert(k, v);
+            }
+        }
     }
 }
 

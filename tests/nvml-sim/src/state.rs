@@ -38,8 +38,7 @@ static SIM: OnceLock<Result<Sim, String>> = OnceLock::new();
 fn load() -> Result<Sim, String> {
     let path = std::env::var(SCENARIO_ENV)
         .map_err(|_| format!("nvml-sim: {SCENARIO_ENV} is not set; point it at a scenario file"))?;
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("nvml-sim: cannot read {path}: {e}"))?;
-    let scenario = Scenario::parse(&text).map_err(|e| format!("nvml-sim: {path}: {e}"))?;
+    let scenario = Scenario::load(std::path::Path::new(&path)).map_err(|e| format!("nvml-sim: {e}"))?;
     if scenario.driver.variant != VARIANT {
         return Err(format!(
             "nvml-sim: {path} wants the {:?} library build but this is the {VARIANT:?} build",

@@ -1,0 +1,215 @@
+//! `cargo xtask bench`: CPU time per collection cycle and peak RSS of the agent on simulated
+//! nodes (8 and 64 GPUs, every group at 1 s, scraped once a second), side by side with
+//! `nvitop-exporter` on the same simulator. `--smoke` runs each for a few seconds without
+//! writing BENCHMARKS.md, so that the benchmark cannot rot.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cargo, nvml_sim, root, run as run_cmd, setup, sim_config};
+
+/// What one measured process did.
+struct Measurement {
+    label: String,
+    window: Duration,
+    cpu_secs: f64,
+    peak_rss_kib: u64,
+    scrapes: u32,
+    series: usize,
+}
+
+impl Measurement {
+    fn cpu_ms_per_cycle(&self) -> f64 {
+        // One collection cycle per second (every group at 1 s).
+        self.cpu_secs * 1000.0 / self.window.as_secs_f64()
+    }
+    fn core_percent(&self) -> f64 {
+        self.cpu_secs * 100.0 / self.window.as_secs_f64()
+    }
+}
+
+pub fn run(smoke: bool) -> Result<()> {
+    let window = if smoke { Duration::from_secs(3) } else { Duration::from_secs(60) };
+    nvml_sim()?;
+    let profile = if smoke { "debug" } else { "release" };
+    let mut build = cargo();
+    build.args(["build", "--quiet", "-p", "junction"]);
+    if !smoke {
+        build.arg("--release");
+    }
+    run_cmd(&mut build)?;
+    let bin = root().join("target").join(profile).join("junction");
+    let dir = root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let mut results = Vec::new();
+    for (label, scenario, port) in [("junction, 8 GPUs", "h100-training.toml", 19481), ("junction, 64 GPUs", "h100-64.toml", 19482)]
+    {
+        let config = dir.join(format!("bench-{port}.toml"));
+        std::fs::write(&config, sim_config(&format!("127.0.0.1:{port}"), 1))?;
+        let child = Command::new(&bin)
+            .env("JUNCTION_NVML_SIM_SCENARIO", root().join("tests/scenarios").join(scenario))
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting junction")?;
+        results.push(measure(label, child, port, window)?);
+    }
+    let env = setup::test_dependencies()?;
+    let exporter = env.python.with_file_name("nvitop-exporter");
+    let child = Command::new(&exporter)
+        .env("LD_LIBRARY_PATH", root().join("target/nvml-sim/current"))
+        .env("JUNCTION_NVML_SIM_SCENARIO", root().join("tests/scenarios/h100-training.toml"))
+        .args(["--bind-address", "127.0.0.1", "--port", "19483", "--interval", "1.0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting nvitop-exporter")?;
+    results.push(measure("nvitop-exporter 1.7.2, 8 GPUs", child, 19483, window)?);
+
+    let report = report(&results, window, smoke, profile);
+    print!("{report}");
+    if !smoke {
+        std::fs::write(root().join("BENCHMARKS.md"), report)?;
+        println!("wrote BENCHMARKS.md");
+    }
+    Ok(())
+}
+
+/// Waits for `/metrics`, then scrapes it once a second for `window` and reads the process's
+/// CPU time and peak RSS from /proc.
+fn measure(label: &str, mut child: Child, port: u16, window: Duration) -> Result<Measurement> {
+    let pid = child.id();
+    let result = (|| {
+        let ready = Instant::now();
+        while scrape(port).is_err() {
+            if ready.elapsed() > Duration::from_secs(30) {
+                bail!("{label}: /metrics on port {port} did not answer within 30 s");
+            }
+            if let Some(status) = child.try_wait()? {
+                bail!("{label} exited early: {status}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Let the first cycles (and GPM's baseline) settle before measuring.
+        std::thread::sleep(Duration::from_secs(2));
+        let cpu0 = cpu_secs(pid)?;
+        let start = Instant::now();
+        let mut scrapes = 0;
+        let mut series = 0;
+        while start.elapsed() < window {
+            let body = scrape(port)?;
+            series = body.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
+            scrapes += 1;
+            let next = Duration::from_secs(u64::from(scrapes));
+            std::thread::sleep(next.saturating_sub(start.elapsed()));
+        }
+        let elapsed = start.elapsed();
+        let cpu = cpu_secs(pid)? - cpu0;
+        Ok(Measurement { label: label.into(), window: elapsed, cpu_secs: cpu, peak_rss_kib: peak_rss_kib(pid)?, scrapes, series })
+    })();
+    let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    let _ = child.wait();
+    result
+}
+
+fn scrape(port: u16) -> Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    if !body.starts_with("HTTP/1.") || !body.contains(" 200 ") {
+        bail!("scrape failed: {}", body.lines().next().unwrap_or_default());
+    }
+    Ok(body.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// User + system CPU seconds of a process (and its exited children).
+fn cpu_secs(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the ")" of the command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0) + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    Ok(ticks / clock_ticks())
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn peak_rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM in /proc/PID/status")
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| c.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())))
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} cores ({cpu}), Linux {}", kernel.trim())
+}
+
+fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str) -> String {
+    let mut out = String::from("# Benchmarks\n\n");
+    out.push_str(&format!(
+        "Command: `cargo xtask bench{}`; {profile} build; machine: {}; measured over {} s after a 2 s warm-up.\n\n",
+        if smoke { " --smoke" } else { "" },
+        machine(),
+        window.as_secs()
+    ));
+    out.push_str(
+        "Every NVML group at a 1 s interval against the NVML simulator (`tests/scenarios/`), `/metrics` scraped\n\
+         once a second by the benchmark. CPU is user + system time from `/proc/PID/stat` (10 ms ticks);\n\
+         peak RSS is `VmHWM`. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
+         `LD_LIBRARY_PATH`) at `--interval 1.0`.\n\n\
+         | process | CPU ms per 1 s cycle | % of one core | peak RSS (MiB) | series per scrape | scrapes |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for m in results {
+        out.push_str(&format!(
+            "| {} | {:.2} | {:.3} | {:.1} | {} | {} |\n",
+            m.label,
+            m.cpu_ms_per_cycle(),
+            m.core_percent(),
+            m.peak_rss_kib as f64 / 1024.0,
+            m.series,
+            m.scrapes
+        ));
+    }
+    if let (Some(j), Some(n)) = (results.first(), results.iter().find(|m| m.label.starts_with("nvitop"))) {
+        let ratio = if j.cpu_secs > 0.0 { n.cpu_secs / j.cpu_secs } else { f64::INFINITY };
+        out.push_str(&format!(
+            "\nnvitop-exporter used {ratio:.1}x the CPU of junction on the same 8-GPU node while exporting {} series to junction's {};\n\
+             peak RSS {:.1} MiB (nvitop-exporter) vs {:.1} MiB (junction).\n",
+            n.series,
+            j.series,
+            n.peak_rss_kib as f64 / 1024.0,
+            j.peak_rss_kib as f64 / 1024.0
+        ));
+    }
+    out.push_str(
+        "\nCaveat: the simulator answers in microseconds; a real driver's NVML calls cost more (tens of µs to ms),\n\
+         so these figures are the agent's own overhead, not the NVML time on a real GPU.\n",
+    );
+    out
+}

@@ -1,0 +1,84 @@
+//! Installing what the tests need, idempotently: Debian packages, the BPF toolchain and a
+//! Python venv. Each step checks first and does nothing when the thing is already there.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{root, run};
+
+/// Pinned Python packages: the independent NVML reader and the peer exporter.
+const PYTHON_PACKAGES: &[&str] = &["nvidia-ml-py==13.615.71", "nvitop-exporter==1.7.2"];
+/// The LLVM that bpf-linker links against.
+const LLVM_BIN: &str = "/usr/lib/llvm-22/bin";
+
+/// What the test run needs to know.
+pub struct TestEnv {
+    /// The venv's python, with `pynvml`.
+    pub python: PathBuf,
+}
+
+fn quiet_ok(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// Installs Debian packages that are missing (needs root).
+pub fn apt(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| {
+            let out = Command::new("dpkg-query").args(["-W", "-f=${Status}", p]).output();
+            !out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("installing Debian packages: {}", missing.join(" "));
+    run(Command::new("apt-get").args(["update", "-qq"])).context("apt-get update (needs root)")?;
+    run(Command::new("apt-get")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing))
+    .context("apt-get install (needs root)")
+}
+
+/// Nightly rust-src, LLVM 22 and bpf-linker. Returns the PATH to build the BPF crate with.
+pub fn bpf_toolchain() -> Result<String> {
+    let sysroot = Command::new("rustc").args(["+nightly", "--print", "sysroot"]).output();
+    let sysroot = match sysroot {
+        Ok(o) if o.status.success() => PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()),
+        _ => bail!("no nightly toolchain: `rustup toolchain install nightly` first"),
+    };
+    if !sysroot.join("lib/rustlib/src/rust/library/core").exists() {
+        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    }
+    apt(&["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"])?;
+    let path = format!("{LLVM_BIN}:{}", std::env::var("PATH").unwrap_or_default());
+    if !quiet_ok(Command::new("bpf-linker").arg("--version").env("PATH", &path)) {
+        println!("installing bpf-linker (a few minutes)");
+        run(Command::new("cargo")
+            .env("PATH", &path)
+            .env_remove("CARGO_TARGET_DIR")
+            .args(["install", "bpf-linker", "--version", "0.13.0", "--no-default-features", "--features", "llvm-22"]))?;
+    }
+    Ok(path)
+}
+
+/// Everything `cargo xtask test` needs besides the BPF toolchain.
+pub fn test_dependencies() -> Result<TestEnv> {
+    // promtool (prometheus), python3-venv for the pynvml venv.
+    apt(&["prometheus", "python3-venv"])?;
+    let venv = root().join("target/venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv)).context("creating the Python venv")?;
+    }
+    let have = quiet_ok(Command::new(&python).args(["-c", "import pynvml, nvitop_exporter"]));
+    if !have {
+        run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args(PYTHON_PACKAGES))?;
+    }
+    Ok(TestEnv { python })
+}
