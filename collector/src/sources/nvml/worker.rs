@@ -12,6 +12,9 @@ use super::NvmlConfig;
 use super::collect::{self, GpmState};
 use crate::model::{GpuSlot, Group, HealthState, Sample, lock};
 
+/// How often a failing feature may log again; in between, failures are only counted.
+const WARN_EVERY: Duration = Duration::from_secs(600);
+
 /// A shutdown signal that wakes sleeping workers at once.
 #[derive(Debug, Clone, Default)]
 pub struct Shutdown(Arc<(Mutex<bool>, Condvar)>);
@@ -55,7 +58,8 @@ pub struct Ctx<'n> {
     pub gpm: GpmState<'n>,
     pub proc_names: BTreeMap<u32, String>,
     pub last_process_sample: u64,
-    warned: BTreeMap<&'static str, ()>,
+    /// When each feature last logged a failure (failures are rate-limited, then counted).
+    warned: BTreeMap<&'static str, Instant>,
     uuid: String,
 }
 
@@ -84,10 +88,7 @@ impl<'n> Ctx<'n> {
             }
         }
         match r {
-            Ok(v) => {
-                self.warned.remove(feature);
-                Ok(Some(v))
-            }
+            Ok(v) => Ok(Some(v)),
             Err(e) => self.failed(feature, e).map(|()| None),
         }
     }
@@ -101,7 +102,7 @@ impl<'n> Ctx<'n> {
             NvmlError::GpuLost => return Err(Lost),
             e => {
                 *lock(&self.slot).errors.entry(feature).or_insert(0) += 1;
-                if self.warned.insert(feature, ()).is_none() {
+                if self.should_warn(feature) {
                     tracing::warn!(gpu = %self.uuid, feature, error = %e, "NVML call failed; counting further failures in junction_source_errors_total");
                 }
             }
@@ -121,8 +122,20 @@ impl<'n> Ctx<'n> {
     /// Counts a read that returned nonsense, warning once.
     pub fn implausible(&mut self, feature: &'static str, what: String) {
         *lock(&self.slot).errors.entry(feature).or_insert(0) += 1;
-        if self.warned.insert(feature, ()).is_none() {
+        if self.should_warn(feature) {
             tracing::warn!(gpu = %self.uuid, feature, "{what}; ignored");
+        }
+    }
+
+    /// At most one failure line per feature and GPU every [`WARN_EVERY`].
+    fn should_warn(&mut self, feature: &'static str) -> bool {
+        let now = Instant::now();
+        match self.warned.get(feature) {
+            Some(last) if now.duration_since(*last) < WARN_EVERY => false,
+            _ => {
+                self.warned.insert(feature, now);
+                true
+            }
         }
     }
 }
