@@ -90,7 +90,10 @@ async fn wait_for_signal() {
 }
 
 fn collect_once(config: &Config) -> anyhow::Result<Arc<Model>> {
-    anyhow::ensure!(config.sources.nvml.enabled, "sources.nvml is disabled: nothing to collect");
+    anyhow::ensure!(
+        config.sources.nvml.enabled,
+        "sources.nvml is disabled: nothing to collect"
+    );
     let model = Model::new();
     let source = NvmlSource::build(&config.sources.nvml, model).context("NVML source failed")?;
     Ok(source.collect_once())
@@ -148,7 +151,9 @@ pub fn inventory(config: Config, format: InventoryFormat) -> anyhow::Result<()> 
                     "  pci {}  serial {}  minor {}  vbios {}  state {}",
                     i.pci_bus_id,
                     i.serial.as_deref().unwrap_or("-"),
-                    i.minor_number.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
+                    i.minor_number
+                        .map(|m| m.to_string())
+                        .unwrap_or_else(|| "-".into()),
                     i.vbios.as_deref().unwrap_or("-"),
                     g.state.as_str()
                 );
@@ -173,8 +178,12 @@ pub fn inventory(config: Config, format: InventoryFormat) -> anyhow::Result<()> 
 
 /// Metric names that have samples on this GPU.
 fn supported(g: &GpuSlot) -> Vec<&'static str> {
-    let mut names: Vec<&'static str> =
-        g.groups.iter().flat_map(|v| v.iter()).map(|s| s.metric.desc().name).collect();
+    let mut names: Vec<&'static str> = g
+        .groups
+        .iter()
+        .flat_map(|v| v.iter())
+        .map(|s| s.metric.desc().name)
+        .collect();
     names.sort_unstable();
     names.dedup();
     names
@@ -219,19 +228,32 @@ fn table(model: &Model) -> String {
     const MIB: f64 = 1024.0 * 1024.0;
     let mut out = String::new();
     if let Some(d) = model.driver() {
-        let _ = writeln!(out, "Driver {}  CUDA {}", d.driver_version, d.cuda_version.unwrap_or_default());
+        let _ = writeln!(
+            out,
+            "Driver {}  CUDA {}",
+            d.driver_version,
+            d.cuda_version.unwrap_or_default()
+        );
     }
     let _ = writeln!(
         out,
-        "{:>3}  {:<24} {:<13} {:>5} {:>5} {:>13} {:>19} {:>5} {:>8}  {}",
-        "GPU", "Name", "Bus-Id", "Temp", "HBM", "Power/Cap", "Memory-Usage", "Util", "SM-Clock", "State"
+        "{:>3}  {:<24} {:<13} {:>5} {:>5} {:>13} {:>19} {:>5} {:>8}  State",
+        "GPU", "Name", "Bus-Id", "Temp", "HBM", "Power/Cap", "Memory-Usage", "Util", "SM-Clock",
     );
     let snap = model.snapshot();
     for g in &snap {
         let temp = find(g, Metric::Temperature, &[("hw.sensor_location", "gpu_die")]);
-        let hbm = find(g, Metric::Temperature, &[("hw.sensor_location", "memory_junction")]);
+        let hbm = find(
+            g,
+            Metric::Temperature,
+            &[("hw.sensor_location", "memory_junction")],
+        );
         let power = find(g, Metric::Power, &[]);
-        let cap = find(g, Metric::PowerLimit, &[("gpu.power.limit_type", "enforced")]);
+        let cap = find(
+            g,
+            Metric::PowerLimit,
+            &[("gpu.power.limit_type", "enforced")],
+        );
         let used = find(g, Metric::MemoryUsage, &[]);
         let total = find(g, Metric::MemoryLimit, &[]);
         let util = find(g, Metric::Utilization, &[("hw.gpu.task", "general")]);
@@ -246,8 +268,16 @@ fn table(model: &Model) -> String {
             g.info.pci_bus_id,
             fmt(temp, |v| format!("{v:.0}C")),
             fmt(hbm, |v| format!("{v:.0}C")),
-            format!("{}/{}", fmt(power, |v| format!("{v:.0}W")), fmt(cap, |v| format!("{v:.0}W"))),
-            format!("{}/{}", fmt(used, |v| format!("{:.0}MiB", v / MIB)), fmt(total, |v| format!("{:.0}MiB", v / MIB))),
+            format!(
+                "{}/{}",
+                fmt(power, |v| format!("{v:.0}W")),
+                fmt(cap, |v| format!("{v:.0}W"))
+            ),
+            format!(
+                "{}/{}",
+                fmt(used, |v| format!("{:.0}MiB", v / MIB)),
+                fmt(total, |v| format!("{:.0}MiB", v / MIB))
+            ),
             fmt(util, |v| format!("{:.0}%", v * 100.0)),
             fmt(sm, |v| format!("{:.0}MHz", v / 1e6)),
             g.state.as_str(),
@@ -256,11 +286,19 @@ fn table(model: &Model) -> String {
     let procs: Vec<_> = snap
         .iter()
         .flat_map(|g| {
-            g.groups.iter().flat_map(|v| v.iter()).filter(|s| s.metric == Metric::ProcessMemory).map(move |s| (g, s))
+            g.groups
+                .iter()
+                .flat_map(|v| v.iter())
+                .filter(|s| s.metric == Metric::ProcessMemory)
+                .map(move |s| (g, s))
         })
         .collect();
     if !procs.is_empty() {
-        let _ = writeln!(out, "\nProcesses:\n{:>3}  {:>8}  {:<9} {:<24} {:>12}", "GPU", "PID", "Type", "Name", "GPU Memory");
+        let _ = writeln!(
+            out,
+            "\nProcesses:\n{:>3}  {:>8}  {:<9} {:<24} {:>12}",
+            "GPU", "PID", "Type", "Name", "GPU Memory"
+        );
         for (g, s) in procs {
             let _ = writeln!(
                 out,
@@ -274,7 +312,12 @@ fn table(model: &Model) -> String {
         }
     }
     for g in snap.iter().filter(|g| g.reason.is_some()) {
-        let _ = writeln!(out, "GPU {}: {}", g.info.index, g.reason.as_deref().unwrap_or_default());
+        let _ = writeln!(
+            out,
+            "GPU {}: {}",
+            g.info.index,
+            g.reason.as_deref().unwrap_or_default()
+        );
     }
     out
 }

@@ -82,14 +82,19 @@ enum Doc {
 fn main() -> ExitCode {
     let args = Args::parse();
     // One-shot commands print their result on stdout; keep stderr to warnings by default.
-    let quiet = matches!(args.command, Some(Command::Once { .. } | Command::Inventory { .. } | Command::Validate));
+    let quiet = matches!(
+        args.command,
+        Some(Command::Once { .. } | Command::Inventory { .. } | Command::Validate)
+    );
     let filter = args
         .log_level
         .clone()
         .or_else(|| std::env::var("RUST_LOG").ok())
         .unwrap_or_else(|| if quiet { "warn" } else { "info" }.into());
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| "info".into()),
+        )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();

@@ -9,7 +9,11 @@ fn check(config: &str, expect: &[&str]) {
     for cmd in ["validate", "run"] {
         let out = support::output(support::junction().arg("--config").arg(&path).arg(cmd));
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{cmd}: exit code; stderr:\n{err}");
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{cmd}: exit code; stderr:\n{err}"
+        );
         for e in expect {
             let e = e.replace("FILE", &path.display().to_string());
             assert!(err.contains(&e), "{cmd}: expected {e:?} in:\n{err}");
@@ -19,24 +23,37 @@ fn check(config: &str, expect: &[&str]) {
 
 #[test]
 fn unknown_key() {
-    check("[sources.nvml]\nenabled = true\nlibary = \"x\"\n", &["FILE:3:1: key `sources.nvml.libary`: unknown field `libary`"]);
+    check(
+        "[sources.nvml]\nenabled = true\nlibary = \"x\"\n",
+        &["FILE:3:1: key `sources.nvml.libary`: unknown field `libary`"],
+    );
 }
 
 #[test]
 fn wrong_type() {
-    check("[sources.nvml.groups.power]\ninterval_secs = \"fast\"\n", &["FILE:2:17: key `sources.nvml.groups.power.interval_secs`: invalid type: string \"fast\""]);
+    check(
+        "[sources.nvml.groups.power]\ninterval_secs = \"fast\"\n",
+        &[
+            "FILE:2:17: key `sources.nvml.groups.power.interval_secs`: invalid type: string \"fast\"",
+        ],
+    );
 }
 
 #[test]
 fn bad_listen_address() {
-    check("[sinks.prometheus]\nlisten = \"localhost\"\n", &["FILE:2:1: key `sinks.prometheus.listen`: \"localhost\" is not a socket address"]);
+    check(
+        "[sinks.prometheus]\nlisten = \"localhost\"\n",
+        &["FILE:2:1: key `sinks.prometheus.listen`: \"localhost\" is not a socket address"],
+    );
 }
 
 #[test]
 fn missing_library_path() {
     check(
         "[sources.nvml]\nlibrary = \"/nonexistent/libnvidia-ml.so.1\"\n",
-        &["FILE:2:1: key `sources.nvml.library`: \"/nonexistent/libnvidia-ml.so.1\" does not exist"],
+        &[
+            "FILE:2:1: key `sources.nvml.library`: \"/nonexistent/libnvidia-ml.so.1\" does not exist",
+        ],
     );
 }
 
@@ -45,12 +62,25 @@ fn missing_library_path() {
 fn every_problem_at_once() {
     check(
         "[sources.nvml]\nbogus = 1\nlibrary = \"/nonexistent/lib.so\"\n[sinks.prometheus]\nlisten = 5\n",
-        &["FILE:2:1: key `sources.nvml.bogus`", "FILE:5:10: key `sinks.prometheus.listen`: invalid type", "FILE:3:1: key `sources.nvml.library`"],
+        &[
+            "FILE:2:1: key `sources.nvml.bogus`",
+            "FILE:5:10: key `sinks.prometheus.listen`: invalid type",
+            "FILE:3:1: key `sources.nvml.library`",
+        ],
     );
 }
 
 #[test]
 fn valid_config_validates() {
-    let out = support::output(support::junction().arg("--config").arg(support::root().join("config/junction.toml")).arg("validate"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = support::output(
+        support::junction()
+            .arg("--config")
+            .arg(support::root().join("config/junction.toml"))
+            .arg("validate"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 use crate::support::{self, Agent, parse, value};
 
 fn energy(body: &str, gpu: &str) -> f64 {
-    value(&parse(body), "hw_energy_joules_total", &[("hw_id", gpu)]).unwrap_or_else(|| panic!("no energy for {gpu}"))
+    value(&parse(body), "hw_energy_joules_total", &[("hw_id", gpu)])
+        .unwrap_or_else(|| panic!("no energy for {gpu}"))
 }
 
 /// Old driver: unsupported metrics are absent, listed by `inventory`, logged once each; the
@@ -15,7 +16,9 @@ fn old_driver_disables_what_it_lacks() {
     let mut agent = Agent::start("old-driver.toml", "legacy");
     // Let several 1 s cycles pass so that a repeated log line would show.
     std::thread::sleep(Duration::from_secs(3));
-    let body = agent.wait_for(Duration::from_secs(10), |m| m.contains("gpu_memory_retired_pages"));
+    let body = agent.wait_for(Duration::from_secs(10), |m| {
+        m.contains("gpu_memory_retired_pages")
+    });
     let s = parse(&body);
     let g0 = support::uuids(&s)[0].clone();
     let on = |name: &str, extra: &[(&str, &str)]| {
@@ -23,34 +26,90 @@ fn old_driver_disables_what_it_lacks() {
         l.extend_from_slice(extra);
         value(&s, name, &l)
     };
-    assert_eq!(on("hw_gpu_memory_usage_bytes", &[]), Some(9400.0 * 1024.0 * 1024.0), "v1 memory fallback");
-    assert_eq!(on("gpu_memory_retired_pages", &[("gpu_retirement_cause", "multiple_single_bit")]), Some(2.0));
-    assert!(on("gpu_process_memory_usage_bytes", &[("process_pid", "3100")]).is_some(), "v2 process list fallback");
-    assert_eq!(on("hw_temperature_celsius", &[("hw_sensor_location", "gpu_die")]), Some(58.0));
-    for absent in ["gpu_memory_remapped_rows", "gpu_sm_activity_ratio", "gpu_recovery_action", "gpu_memory_reserved_bytes"] {
-        assert!(!body.contains(&format!("{absent}{{")), "{absent} should be absent on the old driver");
+    assert_eq!(
+        on("hw_gpu_memory_usage_bytes", &[]),
+        Some(9400.0 * 1024.0 * 1024.0),
+        "v1 memory fallback"
+    );
+    assert_eq!(
+        on(
+            "gpu_memory_retired_pages",
+            &[("gpu_retirement_cause", "multiple_single_bit")]
+        ),
+        Some(2.0)
+    );
+    assert!(
+        on("gpu_process_memory_usage_bytes", &[("process_pid", "3100")]).is_some(),
+        "v2 process list fallback"
+    );
+    assert_eq!(
+        on(
+            "hw_temperature_celsius",
+            &[("hw_sensor_location", "gpu_die")]
+        ),
+        Some(58.0)
+    );
+    for absent in [
+        "gpu_memory_remapped_rows",
+        "gpu_sm_activity_ratio",
+        "gpu_recovery_action",
+        "gpu_memory_reserved_bytes",
+    ] {
+        assert!(
+            !body.contains(&format!("{absent}{{")),
+            "{absent} should be absent on the old driver"
+        );
     }
-    assert!(!body.contains("memory_junction\""), "no memory-junction temperature on a V100");
+    assert!(
+        !body.contains("memory_junction\""),
+        "no memory-junction temperature on a V100"
+    );
 
     let log = agent.log();
-    for feature in ["temperature_memory", "memory_info_v2", "gpm", "remapped_rows"] {
-        let n = log.lines().filter(|l| l.contains("disabled for this GPU") && l.contains(&format!("feature=\"{feature}\""))).count();
-        assert_eq!(n, 2, "{feature} logged once per GPU (2 GPUs), got {n}:\n{log}");
+    for feature in [
+        "temperature_memory",
+        "memory_info_v2",
+        "gpm",
+        "remapped_rows",
+    ] {
+        let n = log
+            .lines()
+            .filter(|l| {
+                l.contains("disabled for this GPU") && l.contains(&format!("feature=\"{feature}\""))
+            })
+            .count();
+        assert_eq!(
+            n, 2,
+            "{feature} logged once per GPU (2 GPUs), got {n}:\n{log}"
+        );
     }
     assert!(agent.terminate().success());
 
     let out = support::output(
         support::junction()
-            .env("JUNCTION_NVML_SIM_SCENARIO", support::scenario("old-driver.toml"))
+            .env(
+                "JUNCTION_NVML_SIM_SCENARIO",
+                support::scenario("old-driver.toml"),
+            )
             .arg("--config")
             .arg(&agent.config)
             .arg("inventory"),
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "inventory failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "inventory failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("Tesla V100-SXM2-16GB"), "{text}");
-    assert!(text.contains("memory_info_v2: not in this driver's NVML"), "{text}");
-    assert!(text.contains("temperature_memory: NOT_SUPPORTED on this GPU"), "{text}");
+    assert!(
+        text.contains("memory_info_v2: not in this driver's NVML"),
+        "{text}"
+    );
+    assert!(
+        text.contains("temperature_memory: NOT_SUPPORTED on this GPU"),
+        "{text}"
+    );
     assert!(text.contains("gpm: not in this driver's NVML"), "{text}");
 }
 
@@ -62,19 +121,46 @@ fn lost_gpu_is_failed_and_the_others_go_on() {
     let first = support::scrape(agent.port, Duration::from_secs(5)).expect("scrape");
     let ids = support::uuids(&parse(&first));
     let g3 = ids[3].clone();
-    let failed = |m: &str| value(&parse(m), "hw_status", &[("hw_id", g3.as_str()), ("hw_state", "failed")]) == Some(1.0);
+    let failed = |m: &str| {
+        value(
+            &parse(m),
+            "hw_status",
+            &[("hw_id", g3.as_str()), ("hw_state", "failed")],
+        ) == Some(1.0)
+    };
     let body = agent.wait_for(Duration::from_secs(30), failed);
     let s = parse(&body);
-    assert_eq!(value(&s, "hw_status", &[("hw_id", g3.as_str()), ("hw_state", "ok")]), Some(0.0));
-    assert_eq!(value(&s, "hw_power_watts", &[("hw_id", g3.as_str())]), None, "a lost GPU's readings are withdrawn");
+    assert_eq!(
+        value(
+            &s,
+            "hw_status",
+            &[("hw_id", g3.as_str()), ("hw_state", "ok")]
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&s, "hw_power_watts", &[("hw_id", g3.as_str())]),
+        None,
+        "a lost GPU's readings are withdrawn"
+    );
     assert!(agent.log().contains("GPU failed"), "{}", agent.log());
     // The other seven keep updating: their energy counters move between two scrapes.
     let before = body.clone();
     std::thread::sleep(Duration::from_millis(2500));
     let after = support::scrape(agent.port, Duration::from_secs(5)).expect("scrape");
     for (i, g) in ids.iter().enumerate().filter(|(i, _)| *i != 3) {
-        assert!(energy(&after, g) > energy(&before, g), "GPU {i} stopped updating");
-        assert_eq!(value(&parse(&after), "hw_status", &[("hw_id", g.as_str()), ("hw_state", "ok")]), Some(1.0));
+        assert!(
+            energy(&after, g) > energy(&before, g),
+            "GPU {i} stopped updating"
+        );
+        assert_eq!(
+            value(
+                &parse(&after),
+                "hw_status",
+                &[("hw_id", g.as_str()), ("hw_state", "ok")]
+            ),
+            Some(1.0)
+        );
     }
     assert!(!agent.log().contains("panicked"), "{}", agent.log());
     assert!(agent.terminate().success(), "SIGTERM exits 0");
@@ -88,31 +174,65 @@ fn hanging_call_is_reported_and_isolated() {
     let first = support::scrape(agent.port, Duration::from_secs(5)).expect("scrape");
     let ids = support::uuids(&parse(&first));
     let g2 = ids[2].clone();
-    let stuck = |m: &str| value(&parse(m), "junction_nvml_stuck", &[("hw_id", g2.as_str())]) == Some(1.0);
+    let stuck =
+        |m: &str| value(&parse(m), "junction_nvml_stuck", &[("hw_id", g2.as_str())]) == Some(1.0);
     let body = agent.wait_for(Duration::from_secs(30), stuck);
     let s = parse(&body);
-    assert_eq!(value(&s, "hw_status", &[("hw_id", g2.as_str()), ("hw_state", "degraded")]), Some(1.0));
-    assert!(value(&s, "junction_nvml_timeouts_total", &[("hw_id", g2.as_str())]) >= Some(1.0));
-    assert!(agent.log().contains("NVML call is stuck"), "{}", agent.log());
+    assert_eq!(
+        value(
+            &s,
+            "hw_status",
+            &[("hw_id", g2.as_str()), ("hw_state", "degraded")]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        value(
+            &s,
+            "junction_nvml_timeouts_total",
+            &[("hw_id", g2.as_str())]
+        ) >= Some(1.0)
+    );
+    assert!(
+        agent.log().contains("NVML call is stuck"),
+        "{}",
+        agent.log()
+    );
     let before = body.clone();
     let start = Instant::now();
     let mut last = String::new();
     for _ in 0..5 {
-        last = support::scrape(agent.port, Duration::from_secs(1)).expect("/metrics answers within a second while a call hangs");
+        last = support::scrape(agent.port, Duration::from_secs(1))
+            .expect("/metrics answers within a second while a call hangs");
         std::thread::sleep(Duration::from_millis(500));
     }
     assert!(start.elapsed() >= Duration::from_millis(2500));
-    assert!(energy(&last, &ids[0]) > energy(&before, &ids[0]), "GPU 0 keeps updating");
+    assert!(
+        energy(&last, &ids[0]) > energy(&before, &ids[0]),
+        "GPU 0 keeps updating"
+    );
     assert!(stuck(&last), "GPU 2 is still stuck");
     // Intermittent NVML_ERROR_UNKNOWN on GPU 6's PCIe throughput: counted, never fatal.
     let s = parse(&last);
     let errors = s
         .iter()
-        .filter(|x| x.name == "junction_source_errors_total" && x.labels.get("hw_id") == Some(&ids[6]))
+        .filter(|x| {
+            x.name == "junction_source_errors_total" && x.labels.get("hw_id") == Some(&ids[6])
+        })
         .map(|x| x.value)
         .sum::<f64>();
     assert!(errors >= 1.0, "intermittent errors are counted");
-    let warned = agent.log().lines().filter(|l| l.contains("NVML call failed") && l.contains(&ids[6])).count();
-    assert!(warned <= 2, "intermittent errors are not logged every cycle ({warned} lines)");
-    assert!(agent.terminate().success(), "SIGTERM exits 0 even with a thread stuck in NVML");
+    let warned = agent
+        .log()
+        .lines()
+        .filter(|l| l.contains("NVML call failed") && l.contains(&ids[6]))
+        .count();
+    assert!(
+        warned <= 2,
+        "intermittent errors are not logged every cycle ({warned} lines)"
+    );
+    assert!(
+        agent.terminate().success(),
+        "SIGTERM exits 0 even with a thread stuck in NVML"
+    );
 }

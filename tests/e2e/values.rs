@@ -9,7 +9,10 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 fn close(a: Option<f64>, b: f64, what: &str) {
     let a = a.unwrap_or_else(|| panic!("{what}: missing"));
-    assert!((a - b).abs() <= b.abs() * 1e-9 + 1e-9, "{what}: got {a}, want {b}");
+    assert!(
+        (a - b).abs() <= b.abs() * 1e-9 + 1e-9,
+        "{what}: got {a}, want {b}"
+    );
 }
 
 fn within(a: Option<f64>, lo: f64, hi: f64, what: &str) {
@@ -22,7 +25,9 @@ fn within(a: Option<f64>, lo: f64, hi: f64, what: &str) {
 fn every_family_has_the_scenario_values() {
     let mut agent = Agent::start("h100-training.toml", "current");
     // GPM and process utilization need a second cycle.
-    let body = agent.wait_for(Duration::from_secs(20), |m| m.contains("gpu_sm_activity_ratio") && m.contains("gpu_process_utilization_ratio"));
+    let body = agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("gpu_sm_activity_ratio") && m.contains("gpu_process_utilization_ratio")
+    });
     let s = parse(&body);
     let ids = support::uuids(&s);
     assert_eq!(ids.len(), 8, "eight GPUs");
@@ -37,90 +42,386 @@ fn every_family_has_the_scenario_values() {
     };
 
     // identity
-    let info = s.iter().find(|x| x.name == "gpu_info" && x.labels["hw_id"] == g0).expect("gpu_info");
+    let info = s
+        .iter()
+        .find(|x| x.name == "gpu_info" && x.labels["hw_id"] == g0)
+        .expect("gpu_info");
     assert_eq!(info.labels["hw_name"], "NVIDIA H100 80GB HBM3");
     assert_eq!(info.labels["gpu_pci_bdf"], "0000:18:00.0");
     assert_eq!(info.labels["hw_driver_version"], "550.54.15");
     assert_eq!(info.labels["gpu_cuda_driver_version"], "12.4");
     close(on("hw_status", g0, &[("hw_state", "ok")]), 1.0, "status ok");
-    close(on("hw_status", g0, &[("hw_state", "failed")]), 0.0, "status failed");
+    close(
+        on("hw_status", g0, &[("hw_state", "failed")]),
+        0.0,
+        "status failed",
+    );
 
     // utilization: % -> ratio
-    close(on("hw_gpu_utilization_ratio", g0, &[("hw_gpu_task", "general")]), 0.97, "gpu util");
-    close(on("hw_gpu_utilization_ratio", g0, &[("hw_gpu_task", "decoder")]), 0.03, "decoder util");
-    close(on("hw_gpu_memory_utilization_ratio", g0, &[]), 0.48, "memory util");
+    close(
+        on(
+            "hw_gpu_utilization_ratio",
+            g0,
+            &[("hw_gpu_task", "general")],
+        ),
+        0.97,
+        "gpu util",
+    );
+    close(
+        on(
+            "hw_gpu_utilization_ratio",
+            g0,
+            &[("hw_gpu_task", "decoder")],
+        ),
+        0.03,
+        "decoder util",
+    );
+    close(
+        on("hw_gpu_memory_utilization_ratio", g0, &[]),
+        0.48,
+        "memory util",
+    );
 
     // memory: MiB -> bytes
-    close(on("hw_gpu_memory_usage_bytes", g0, &[]), 62459.0 * MIB, "memory used");
-    close(on("hw_gpu_memory_limit_bytes", g0, &[]), 81559.0 * MIB, "memory total");
-    close(on("gpu_memory_reserved_bytes", g0, &[]), 509.0 * MIB, "memory reserved");
-    close(on("gpu_memory_free_bytes", g0, &[]), (81559.0 - 509.0 - 62459.0) * MIB, "memory free");
+    close(
+        on("hw_gpu_memory_usage_bytes", g0, &[]),
+        62459.0 * MIB,
+        "memory used",
+    );
+    close(
+        on("hw_gpu_memory_limit_bytes", g0, &[]),
+        81559.0 * MIB,
+        "memory total",
+    );
+    close(
+        on("gpu_memory_reserved_bytes", g0, &[]),
+        509.0 * MIB,
+        "memory reserved",
+    );
+    close(
+        on("gpu_memory_free_bytes", g0, &[]),
+        (81559.0 - 509.0 - 62459.0) * MIB,
+        "memory free",
+    );
     close(on("gpu_bar1_usage_bytes", g0, &[]), 37.0 * MIB, "bar1 used");
 
     // power: mW -> W, mJ -> J
-    within(on("hw_power_watts", g0, &[("hw_type", "gpu")]), 572.0, 652.0, "power");
-    close(on("gpu_power_limit_watts", g0, &[("gpu_power_limit_type", "enforced")]), 700.0, "power limit");
-    close(on("gpu_power_limit_watts", g0, &[("gpu_power_limit_type", "min")]), 200.0, "power min");
-    within(on("hw_energy_joules_total", g0, &[("hw_type", "gpu")]), 1.0e6, 1.2e6, "energy");
+    within(
+        on("hw_power_watts", g0, &[("hw_type", "gpu")]),
+        572.0,
+        652.0,
+        "power",
+    );
+    close(
+        on(
+            "gpu_power_limit_watts",
+            g0,
+            &[("gpu_power_limit_type", "enforced")],
+        ),
+        700.0,
+        "power limit",
+    );
+    close(
+        on(
+            "gpu_power_limit_watts",
+            g0,
+            &[("gpu_power_limit_type", "min")],
+        ),
+        200.0,
+        "power min",
+    );
+    within(
+        on("hw_energy_joules_total", g0, &[("hw_type", "gpu")]),
+        1.0e6,
+        1.2e6,
+        "energy",
+    );
 
     // temperatures, including the memory junction climbing on GPU 5
-    close(on("hw_temperature_celsius", g0, &[("hw_sensor_location", "gpu_die")]), 64.0, "die temp");
-    close(on("hw_temperature_celsius", g0, &[("hw_sensor_location", "memory_junction")]), 71.0, "hbm temp");
-    within(on("hw_temperature_celsius", g5, &[("hw_sensor_location", "memory_junction")]), 74.0, 94.0, "hot hbm");
     close(
-        on("hw_temperature_limit_celsius", g0, &[("hw_sensor_location", "memory_junction"), ("hw_limit_type", "max_operating")]),
+        on(
+            "hw_temperature_celsius",
+            g0,
+            &[("hw_sensor_location", "gpu_die")],
+        ),
+        64.0,
+        "die temp",
+    );
+    close(
+        on(
+            "hw_temperature_celsius",
+            g0,
+            &[("hw_sensor_location", "memory_junction")],
+        ),
+        71.0,
+        "hbm temp",
+    );
+    within(
+        on(
+            "hw_temperature_celsius",
+            g5,
+            &[("hw_sensor_location", "memory_junction")],
+        ),
+        74.0,
+        94.0,
+        "hot hbm",
+    );
+    close(
+        on(
+            "hw_temperature_limit_celsius",
+            g0,
+            &[
+                ("hw_sensor_location", "memory_junction"),
+                ("hw_limit_type", "max_operating"),
+            ],
+        ),
         95.0,
         "hbm limit",
     );
-    close(on("hw_temperature_limit_celsius", g0, &[("hw_sensor_location", "gpu_die"), ("hw_limit_type", "slowdown")]), 90.0, "slowdown");
+    close(
+        on(
+            "hw_temperature_limit_celsius",
+            g0,
+            &[
+                ("hw_sensor_location", "gpu_die"),
+                ("hw_limit_type", "slowdown"),
+            ],
+        ),
+        90.0,
+        "slowdown",
+    );
 
     // clocks: MHz -> Hz; throttle reasons decoded; ns -> s
-    close(on("gpu_clock_frequency_hertz", g0, &[("gpu_clock_domain", "sm")]), 1980e6, "sm clock");
-    close(on("gpu_clock_max_frequency_hertz", g0, &[("gpu_clock_domain", "memory")]), 2619e6, "max mem clock");
+    close(
+        on(
+            "gpu_clock_frequency_hertz",
+            g0,
+            &[("gpu_clock_domain", "sm")],
+        ),
+        1980e6,
+        "sm clock",
+    );
+    close(
+        on(
+            "gpu_clock_max_frequency_hertz",
+            g0,
+            &[("gpu_clock_domain", "memory")],
+        ),
+        2619e6,
+        "max mem clock",
+    );
     close(on("gpu_performance_state", g0, &[]), 0.0, "pstate");
-    close(on("gpu_clock_event_active", g5, &[("gpu_clock_event_reason", "sw_power_cap")]), 1.0, "power cap on gpu5");
-    close(on("gpu_clock_event_active", g0, &[("gpu_clock_event_reason", "sw_power_cap")]), 0.0, "no power cap on gpu0");
-    within(on("gpu_violation_time_seconds_total", g0, &[("gpu_violation_type", "power")]), 5.0, 10_000.0, "power violation");
+    close(
+        on(
+            "gpu_clock_event_active",
+            g5,
+            &[("gpu_clock_event_reason", "sw_power_cap")],
+        ),
+        1.0,
+        "power cap on gpu5",
+    );
+    close(
+        on(
+            "gpu_clock_event_active",
+            g0,
+            &[("gpu_clock_event_reason", "sw_power_cap")],
+        ),
+        0.0,
+        "no power cap on gpu0",
+    );
+    within(
+        on(
+            "gpu_violation_time_seconds_total",
+            g0,
+            &[("gpu_violation_type", "power")],
+        ),
+        5.0,
+        10_000.0,
+        "power violation",
+    );
 
     // errors
-    close(on("hw_errors_total", g0, &[("error_type", "corrected"), ("gpu_ecc_counter", "volatile")]), 2.0, "ecc volatile");
-    close(on("hw_errors_total", g0, &[("error_type", "corrected"), ("gpu_ecc_counter", "aggregate")]), 17.0, "ecc aggregate");
-    close(on("gpu_memory_remapped_rows", g0, &[("gpu_remap_type", "correctable")]), 1.0, "remapped rows");
-    close(on("gpu_memory_remap_failure", g0, &[]), 0.0, "remap failure");
-    close(on("gpu_recovery_action", g0, &[("gpu_recovery_action", "none")]), 1.0, "recovery none");
-    assert!(!body.contains("gpu_memory_retired_pages{"), "H100 has no page retirement");
+    close(
+        on(
+            "hw_errors_total",
+            g0,
+            &[("error_type", "corrected"), ("gpu_ecc_counter", "volatile")],
+        ),
+        2.0,
+        "ecc volatile",
+    );
+    close(
+        on(
+            "hw_errors_total",
+            g0,
+            &[
+                ("error_type", "corrected"),
+                ("gpu_ecc_counter", "aggregate"),
+            ],
+        ),
+        17.0,
+        "ecc aggregate",
+    );
+    close(
+        on(
+            "gpu_memory_remapped_rows",
+            g0,
+            &[("gpu_remap_type", "correctable")],
+        ),
+        1.0,
+        "remapped rows",
+    );
+    close(
+        on("gpu_memory_remap_failure", g0, &[]),
+        0.0,
+        "remap failure",
+    );
+    close(
+        on(
+            "gpu_recovery_action",
+            g0,
+            &[("gpu_recovery_action", "none")],
+        ),
+        1.0,
+        "recovery none",
+    );
+    assert!(
+        !body.contains("gpu_memory_retired_pages{"),
+        "H100 has no page retirement"
+    );
 
     // PCIe: KiB/s -> bytes/s
-    close(on("gpu_pcie_throughput_bytes_per_second", g0, &[("network_io_direction", "transmit")]), 1_250_000.0 * 1024.0, "pcie tx");
+    close(
+        on(
+            "gpu_pcie_throughput_bytes_per_second",
+            g0,
+            &[("network_io_direction", "transmit")],
+        ),
+        1_250_000.0 * 1024.0,
+        "pcie tx",
+    );
     close(on("gpu_pcie_replay_total", g0, &[]), 3.0, "pcie replays");
-    close(on("gpu_pcie_link_generation", g0, &[("gpu_pcie_link_state", "max")]), 5.0, "pcie gen");
-    close(on("gpu_pcie_link_width", g0, &[("gpu_pcie_link_state", "current")]), 16.0, "pcie width");
+    close(
+        on(
+            "gpu_pcie_link_generation",
+            g0,
+            &[("gpu_pcie_link_state", "max")],
+        ),
+        5.0,
+        "pcie gen",
+    );
+    close(
+        on(
+            "gpu_pcie_link_width",
+            g0,
+            &[("gpu_pcie_link_state", "current")],
+        ),
+        16.0,
+        "pcie width",
+    );
 
     // NVLink: 18 links, KiB -> bytes
-    let links = s.iter().filter(|x| x.name == "gpu_nvlink_state" && x.labels["hw_id"] == g0).count();
+    let links = s
+        .iter()
+        .filter(|x| x.name == "gpu_nvlink_state" && x.labels["hw_id"] == g0)
+        .count();
     assert_eq!(links, 18, "NVLink links");
-    close(on("gpu_nvlink_state", g0, &[("gpu_nvlink_link", "17")]), 1.0, "link 17 up");
-    within(on("gpu_nvlink_io_bytes_total", g0, &[("gpu_nvlink_link", "0"), ("network_io_direction", "transmit")]), 1.0e6 * 1024.0, 1.0e12 * 1024.0, "nvlink tx");
-    close(on("gpu_nvlink_errors_total", g0, &[("gpu_nvlink_link", "3"), ("gpu_nvlink_error_type", "crc_flit")]), 4.0, "crc flit");
+    close(
+        on("gpu_nvlink_state", g0, &[("gpu_nvlink_link", "17")]),
+        1.0,
+        "link 17 up",
+    );
+    within(
+        on(
+            "gpu_nvlink_io_bytes_total",
+            g0,
+            &[
+                ("gpu_nvlink_link", "0"),
+                ("network_io_direction", "transmit"),
+            ],
+        ),
+        1.0e6 * 1024.0,
+        1.0e12 * 1024.0,
+        "nvlink tx",
+    );
+    close(
+        on(
+            "gpu_nvlink_errors_total",
+            g0,
+            &[
+                ("gpu_nvlink_link", "3"),
+                ("gpu_nvlink_error_type", "crc_flit"),
+            ],
+        ),
+        4.0,
+        "crc flit",
+    );
 
     // processes
-    close(on("gpu_processes", g0, &[("gpu_process_type", "compute")]), 2.0, "process count");
-    close(on("gpu_process_memory_usage_bytes", g0, &[("process_pid", "41000")]), 61440.0 * MIB, "process memory");
-    let p = s.iter().find(|x| x.name == "gpu_process_memory_usage_bytes" && x.labels["process_pid"] == "41000").expect("process");
+    close(
+        on("gpu_processes", g0, &[("gpu_process_type", "compute")]),
+        2.0,
+        "process count",
+    );
+    close(
+        on(
+            "gpu_process_memory_usage_bytes",
+            g0,
+            &[("process_pid", "41000")],
+        ),
+        61440.0 * MIB,
+        "process memory",
+    );
+    let p = s
+        .iter()
+        .find(|x| x.name == "gpu_process_memory_usage_bytes" && x.labels["process_pid"] == "41000")
+        .expect("process");
     assert_eq!(p.labels["process_executable_name"], "python3");
-    close(on("gpu_process_utilization_ratio", g0, &[("process_pid", "41000"), ("hw_gpu_task", "general")]), 0.91, "process sm");
-    close(on("gpu_process_memory_usage_bytes", g5, &[("process_pid", "46000")]), 61440.0 * MIB, "gpu5 process (pid stride)");
+    close(
+        on(
+            "gpu_process_utilization_ratio",
+            g0,
+            &[("process_pid", "41000"), ("hw_gpu_task", "general")],
+        ),
+        0.91,
+        "process sm",
+    );
+    close(
+        on(
+            "gpu_process_memory_usage_bytes",
+            g5,
+            &[("process_pid", "46000")],
+        ),
+        61440.0 * MIB,
+        "gpu5 process (pid stride)",
+    );
 
     // MIG and GPM
     close(on("gpu_mig_mode", g0, &[]), 0.0, "mig off");
     close(on("gpu_sm_activity_ratio", g0, &[]), 0.88, "sm activity");
     close(on("gpu_sm_occupancy_ratio", g0, &[]), 0.61, "sm occupancy");
-    close(on("gpu_pipe_activity_ratio", g0, &[("gpu_pipe", "tensor")]), 0.54, "tensor");
+    close(
+        on("gpu_pipe_activity_ratio", g0, &[("gpu_pipe", "tensor")]),
+        0.54,
+        "tensor",
+    );
     close(on("gpu_dram_activity_ratio", g0, &[]), 0.47, "dram");
-    close(on("gpu_gpm_pcie_throughput_bytes_per_second", g0, &[("network_io_direction", "receive")]), 2400.0 * MIB, "gpm pcie rx");
+    close(
+        on(
+            "gpu_gpm_pcie_throughput_bytes_per_second",
+            g0,
+            &[("network_io_direction", "receive")],
+        ),
+        2400.0 * MIB,
+        "gpm pcie rx",
+    );
 
     // nothing disabled on a current H100 but page retirement
-    close(on("junction_nvml_disabled_features", g0, &[]), 3.0, "disabled features");
+    close(
+        on("junction_nvml_disabled_features", g0, &[]),
+        3.0,
+        "disabled features",
+    );
     assert!(agent.terminate().success());
 }
 
@@ -128,17 +429,36 @@ fn every_family_has_the_scenario_values() {
 #[test]
 fn mig_instances_are_reported() {
     let mut agent = Agent::start("a100-mig.toml", "current");
-    let body = agent.wait_for(Duration::from_secs(20), |m| m.contains("gpu_mig_memory_usage_bytes"));
+    let body = agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("gpu_mig_memory_usage_bytes")
+    });
     let s = parse(&body);
     let mig1 = [("hw_id", "MIG-1f2e3d4c-0000-5000-9000-000000000001")];
-    close(value(&s, "gpu_mig_memory_usage_bytes", &mig1), 30100.0 * MIB, "mig memory used");
-    close(value(&s, "gpu_mig_memory_limit_bytes", &mig1), 40192.0 * MIB, "mig memory total");
+    close(
+        value(&s, "gpu_mig_memory_usage_bytes", &mig1),
+        30100.0 * MIB,
+        "mig memory used",
+    );
+    close(
+        value(&s, "gpu_mig_memory_limit_bytes", &mig1),
+        40192.0 * MIB,
+        "mig memory total",
+    );
     close(value(&s, "gpu_mig_processes", &mig1), 1.0, "mig processes");
-    let m = s.iter().find(|x| x.name == "gpu_mig_memory_usage_bytes" && x.labels["hw_id"] == mig1[0].1).expect("mig series");
-    assert_eq!(m.labels["hw_parent"], "GPU-a100a100-0000-4000-8000-000000000001");
+    let m = s
+        .iter()
+        .find(|x| x.name == "gpu_mig_memory_usage_bytes" && x.labels["hw_id"] == mig1[0].1)
+        .expect("mig series");
+    assert_eq!(
+        m.labels["hw_parent"],
+        "GPU-a100a100-0000-4000-8000-000000000001"
+    );
     assert_eq!(m.labels["gpu_mig_gpu_instance_id"], "1");
     close(value(&s, "gpu_mig_mode", &[]), 1.0, "mig on");
-    let p = s.iter().find(|x| x.name == "gpu_process_memory_usage_bytes" && x.labels["process_pid"] == "7202").expect("mig process");
+    let p = s
+        .iter()
+        .find(|x| x.name == "gpu_process_memory_usage_bytes" && x.labels["process_pid"] == "7202")
+        .expect("mig process");
     assert_eq!(p.labels["gpu_mig_gpu_instance_id"], "2");
     assert!(!body.contains("gpu_sm_activity_ratio"), "A100 has no GPM");
 }
@@ -146,9 +466,13 @@ fn mig_instances_are_reported() {
 /// `promtool check metrics` on the live endpoint reports nothing.
 #[test]
 fn promtool_finds_nothing() {
-    let Some(promtool) = support::require_tool("promtool", None) else { return };
+    let Some(promtool) = support::require_tool("promtool", None) else {
+        return;
+    };
     let mut agent = Agent::start("h100-training.toml", "current");
-    let body = agent.wait_for(Duration::from_secs(20), |m| m.contains("gpu_sm_activity_ratio"));
+    let body = agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("gpu_sm_activity_ratio")
+    });
     let mut child = std::process::Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
@@ -157,36 +481,71 @@ fn promtool_finds_nothing() {
         .spawn()
         .expect("promtool");
     use std::io::Write as _;
-    child.stdin.take().expect("stdin").write_all(body.as_bytes()).expect("write");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write");
     let out = child.wait_with_output().expect("promtool output");
-    let findings = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && findings.trim().is_empty(), "promtool findings:\n{findings}");
+    let findings = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && findings.trim().is_empty(),
+        "promtool findings:\n{findings}"
+    );
 }
 
 /// `pynvml` (PyPI nvidia-ml-py) reads the same simulator: an independent check of the ABI.
 #[test]
 fn pynvml_reads_the_same_values() {
     let python = std::env::var_os("JUNCTION_PYTHON").map(std::path::PathBuf::from);
-    let Some(python) = support::require_tool("python-with-pynvml", python) else { return };
+    let Some(python) = support::require_tool("python-with-pynvml", python) else {
+        return;
+    };
     let lib = support::sim_lib("current");
     let out = support::output(
         std::process::Command::new(python)
             .arg(support::root().join("tests/pynvml/read.py"))
             .env("LD_LIBRARY_PATH", lib.parent().expect("dir"))
-            .env("JUNCTION_NVML_SIM_SCENARIO", support::scenario("h100-training.toml")),
+            .env(
+                "JUNCTION_NVML_SIM_SCENARIO",
+                support::scenario("h100-training.toml"),
+            ),
     );
-    assert!(out.status.success(), "pynvml script failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "pynvml script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let py: serde_json::Value = serde_json::from_slice(&out.stdout).expect("pynvml json");
 
     let config = support::temp_dir().join("once.toml");
-    std::fs::write(&config, format!("[sources.nvml]\nlibrary = {:?}\n", lib.display().to_string())).expect("config");
+    std::fs::write(
+        &config,
+        format!(
+            "[sources.nvml]\nlibrary = {:?}\n",
+            lib.display().to_string()
+        ),
+    )
+    .expect("config");
     let out = support::output(
         support::junction()
-            .env("JUNCTION_NVML_SIM_SCENARIO", support::scenario("h100-training.toml"))
+            .env(
+                "JUNCTION_NVML_SIM_SCENARIO",
+                support::scenario("h100-training.toml"),
+            )
             .args(["once", "--format", "json", "--config"])
             .arg(&config),
     );
-    assert!(out.status.success(), "junction once failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "junction once failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("junction json");
 
     let metric = |gpu: &serde_json::Value, name: &str, attr: Option<(&str, &str)>| -> f64 {
@@ -205,21 +564,105 @@ fn pynvml_reads_the_same_values() {
         let what = p["uuid"].as_str().expect("uuid");
         assert_eq!(g["gpu"]["uuid"], p["uuid"]);
         assert_eq!(g["gpu"]["name"], p["name"]);
-        assert_eq!(g["gpu"]["pci_bus_id"].as_str().map(str::to_string), p["bus_id"].as_str().map(|b| b.to_lowercase()[4..].to_string()));
-        let eq = |a: f64, b: f64, tol: f64, field: &str| assert!((a - b).abs() <= tol, "{what} {field}: junction {a}, pynvml {b}");
-        eq(metric(g, "hw.gpu.memory.usage", None), p["memory_used"].as_f64().expect("mem"), 0.0, "memory used");
-        eq(metric(g, "hw.gpu.memory.limit", None), p["memory_total"].as_f64().expect("mem"), 0.0, "memory total");
-        eq(metric(g, "hw.gpu.utilization", Some(("hw.gpu.task", "general"))) * 100.0, p["gpu_util"].as_f64().expect("util"), 1e-9, "gpu util");
-        eq(metric(g, "hw.temperature", Some(("hw.sensor_location", "gpu_die"))), p["temp_gpu"].as_f64().expect("temp"), 0.0, "die temp");
+        assert_eq!(
+            g["gpu"]["pci_bus_id"].as_str().map(str::to_string),
+            p["bus_id"]
+                .as_str()
+                .map(|b| b.to_lowercase()[4..].to_string())
+        );
+        let eq = |a: f64, b: f64, tol: f64, field: &str| {
+            assert!(
+                (a - b).abs() <= tol,
+                "{what} {field}: junction {a}, pynvml {b}"
+            )
+        };
+        eq(
+            metric(g, "hw.gpu.memory.usage", None),
+            p["memory_used"].as_f64().expect("mem"),
+            0.0,
+            "memory used",
+        );
+        eq(
+            metric(g, "hw.gpu.memory.limit", None),
+            p["memory_total"].as_f64().expect("mem"),
+            0.0,
+            "memory total",
+        );
+        eq(
+            metric(g, "hw.gpu.utilization", Some(("hw.gpu.task", "general"))) * 100.0,
+            p["gpu_util"].as_f64().expect("util"),
+            1e-9,
+            "gpu util",
+        );
+        eq(
+            metric(g, "hw.temperature", Some(("hw.sensor_location", "gpu_die"))),
+            p["temp_gpu"].as_f64().expect("temp"),
+            0.0,
+            "die temp",
+        );
         // The hot GPU's HBM temperature ramps 2 °C a minute between the two reads.
-        eq(metric(g, "hw.temperature", Some(("hw.sensor_location", "memory_junction"))), p["temp_memory"].as_f64().expect("temp"), 1.0, "hbm temp");
+        eq(
+            metric(
+                g,
+                "hw.temperature",
+                Some(("hw.sensor_location", "memory_junction")),
+            ),
+            p["temp_memory"].as_f64().expect("temp"),
+            1.0,
+            "hbm temp",
+        );
         // Power is a sine of ±40 W over 30 s.
-        eq(metric(g, "hw.power", None) * 1000.0, p["power_mw"].as_f64().expect("power"), 40_000.0, "power");
-        eq(metric(g, "gpu.power.limit", Some(("gpu.power.limit_type", "enforced"))) * 1000.0, p["power_limit_mw"].as_f64().expect("limit"), 0.0, "power limit");
-        eq(metric(g, "gpu.clock.frequency", Some(("gpu.clock.domain", "sm"))) / 1e6, p["clock_sm_mhz"].as_f64().expect("clock"), 0.0, "sm clock");
-        eq(metric(g, "gpu.pcie.throughput", Some(("network.io.direction", "receive"))) / 1024.0, p["pcie_rx_kb"].as_f64().expect("pcie"), 0.0, "pcie rx");
-        eq(metric(g, "hw.errors", Some(("gpu.ecc.counter", "aggregate"))), p["ecc_corrected_aggregate"].as_f64().expect("ecc"), 0.0, "ecc");
-        let jp = metric(g, "gpu.process.memory.usage", Some(("process.pid", p["first_pid"].as_u64().expect("pid").to_string().as_str())));
-        eq(jp, p["first_pid_memory"].as_f64().expect("pid mem"), 0.0, "process memory");
+        eq(
+            metric(g, "hw.power", None) * 1000.0,
+            p["power_mw"].as_f64().expect("power"),
+            40_000.0,
+            "power",
+        );
+        eq(
+            metric(
+                g,
+                "gpu.power.limit",
+                Some(("gpu.power.limit_type", "enforced")),
+            ) * 1000.0,
+            p["power_limit_mw"].as_f64().expect("limit"),
+            0.0,
+            "power limit",
+        );
+        eq(
+            metric(g, "gpu.clock.frequency", Some(("gpu.clock.domain", "sm"))) / 1e6,
+            p["clock_sm_mhz"].as_f64().expect("clock"),
+            0.0,
+            "sm clock",
+        );
+        eq(
+            metric(
+                g,
+                "gpu.pcie.throughput",
+                Some(("network.io.direction", "receive")),
+            ) / 1024.0,
+            p["pcie_rx_kb"].as_f64().expect("pcie"),
+            0.0,
+            "pcie rx",
+        );
+        eq(
+            metric(g, "hw.errors", Some(("gpu.ecc.counter", "aggregate"))),
+            p["ecc_corrected_aggregate"].as_f64().expect("ecc"),
+            0.0,
+            "ecc",
+        );
+        let jp = metric(
+            g,
+            "gpu.process.memory.usage",
+            Some((
+                "process.pid",
+                p["first_pid"].as_u64().expect("pid").to_string().as_str(),
+            )),
+        );
+        eq(
+            jp,
+            p["first_pid_memory"].as_f64().expect("pid mem"),
+            0.0,
+            "process memory",
+        );
     }
 }

@@ -33,7 +33,11 @@ impl Measurement {
 }
 
 pub fn run(smoke: bool) -> Result<()> {
-    let window = if smoke { Duration::from_secs(3) } else { Duration::from_secs(60) };
+    let window = if smoke {
+        Duration::from_secs(3)
+    } else {
+        Duration::from_secs(60)
+    };
     nvml_sim()?;
     let profile = if smoke { "debug" } else { "release" };
     let mut build = cargo();
@@ -46,12 +50,17 @@ pub fn run(smoke: bool) -> Result<()> {
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let mut results = Vec::new();
-    for (label, scenario, port) in [("junction, 8 GPUs", "h100-training.toml", 19481), ("junction, 64 GPUs", "h100-64.toml", 19482)]
-    {
+    for (label, scenario, port) in [
+        ("junction, 8 GPUs", "h100-training.toml", 19481),
+        ("junction, 64 GPUs", "h100-64.toml", 19482),
+    ] {
         let config = dir.join(format!("bench-{port}.toml"));
         std::fs::write(&config, sim_config(&format!("127.0.0.1:{port}"), 1))?;
         let child = Command::new(&bin)
-            .env("JUNCTION_NVML_SIM_SCENARIO", root().join("tests/scenarios").join(scenario))
+            .env(
+                "JUNCTION_NVML_SIM_SCENARIO",
+                root().join("tests/scenarios").join(scenario),
+            )
             .arg("--config")
             .arg(&config)
             .arg("run")
@@ -65,13 +74,28 @@ pub fn run(smoke: bool) -> Result<()> {
     let exporter = env.python.with_file_name("nvitop-exporter");
     let child = Command::new(&exporter)
         .env("LD_LIBRARY_PATH", root().join("target/nvml-sim/current"))
-        .env("JUNCTION_NVML_SIM_SCENARIO", root().join("tests/scenarios/h100-training.toml"))
-        .args(["--bind-address", "127.0.0.1", "--port", "19483", "--interval", "1.0"])
+        .env(
+            "JUNCTION_NVML_SIM_SCENARIO",
+            root().join("tests/scenarios/h100-training.toml"),
+        )
+        .args([
+            "--bind-address",
+            "127.0.0.1",
+            "--port",
+            "19483",
+            "--interval",
+            "1.0",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("starting nvitop-exporter")?;
-    results.push(measure("nvitop-exporter 1.7.2, 8 GPUs", child, 19483, window)?);
+    results.push(measure(
+        "nvitop-exporter 1.7.2, 8 GPUs",
+        child,
+        19483,
+        window,
+    )?);
 
     let report = report(&results, window, smoke, profile);
     print!("{report}");
@@ -105,16 +129,28 @@ fn measure(label: &str, mut child: Child, port: u16, window: Duration) -> Result
         let mut series = 0;
         while start.elapsed() < window {
             let body = scrape(port)?;
-            series = body.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
+            series = body
+                .lines()
+                .filter(|l| !l.starts_with('#') && !l.is_empty())
+                .count();
             scrapes += 1;
             let next = Duration::from_secs(u64::from(scrapes));
             std::thread::sleep(next.saturating_sub(start.elapsed()));
         }
         let elapsed = start.elapsed();
         let cpu = cpu_secs(pid)? - cpu0;
-        Ok(Measurement { label: label.into(), window: elapsed, cpu_secs: cpu, peak_rss_kib: peak_rss_kib(pid)?, scrapes, series })
+        Ok(Measurement {
+            label: label.into(),
+            window: elapsed,
+            cpu_secs: cpu,
+            peak_rss_kib: peak_rss_kib(pid)?,
+            scrapes,
+            series,
+        })
     })();
-    let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
     let _ = child.wait();
     result
 }
@@ -128,7 +164,10 @@ fn scrape(port: u16) -> Result<String> {
     if !body.starts_with("HTTP/1.") || !body.contains(" 200 ") {
         bail!("scrape failed: {}", body.lines().next().unwrap_or_default());
     }
-    Ok(body.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    Ok(body
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default())
 }
 
 /// User + system CPU seconds of a process (and its exited children).
@@ -137,7 +176,8 @@ fn cpu_secs(pid: u32) -> Result<f64> {
     // Fields after the ")" of the command name; utime and stime are fields 14 and 15.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0) + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     Ok(ticks / clock_ticks())
 }
 
@@ -162,9 +202,16 @@ fn peak_rss_kib(pid: u32) -> Result<u64> {
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())))
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
         .unwrap_or_default();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!("{cores} cores ({cpu}), Linux {}", kernel.trim())
 }
@@ -196,8 +243,15 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
             m.scrapes
         ));
     }
-    if let (Some(j), Some(n)) = (results.first(), results.iter().find(|m| m.label.starts_with("nvitop"))) {
-        let ratio = if j.cpu_secs > 0.0 { n.cpu_secs / j.cpu_secs } else { f64::INFINITY };
+    if let (Some(j), Some(n)) = (
+        results.first(),
+        results.iter().find(|m| m.label.starts_with("nvitop")),
+    ) {
+        let ratio = if j.cpu_secs > 0.0 {
+            n.cpu_secs / j.cpu_secs
+        } else {
+            f64::INFINITY
+        };
         out.push_str(&format!(
             "\nnvitop-exporter used {ratio:.1}x the CPU of junction on the same 8-GPU node while exporting {} series to junction's {};\n\
              peak RSS {:.1} MiB (nvitop-exporter) vs {:.1} MiB (junction).\n",

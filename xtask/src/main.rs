@@ -33,19 +33,28 @@ fn main() -> Result<()> {
         "bench" => bench::run(rest.iter().any(|a| a == "--smoke")),
         _ => {
             eprint!("{USAGE}");
-            if cmd.is_empty() || cmd == "help" || cmd == "--help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
+            if cmd.is_empty() || cmd == "help" || cmd == "--help" {
+                Ok(())
+            } else {
+                bail!("unknown command {cmd:?}")
+            }
         }
     }
 }
 
 /// The workspace root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// Runs a command, failing with its name if it fails.
 pub fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
     if !status.success() {
         bail!("{cmd:?} failed: {status}");
     }
@@ -76,7 +85,10 @@ fn build_ebpf() -> Result<PathBuf> {
     let obj = dir.join("target/bpfel-unknown-none/release/junction-ebpf");
     let bytes = std::fs::read(&obj).with_context(|| format!("cannot read {}", obj.display()))?;
     // ELF magic, and e_machine (offset 18, little endian) = 247 (EM_BPF).
-    if bytes.len() < 20 || &bytes[..4] != b"\x7fELF" || u16::from_le_bytes([bytes[18], bytes[19]]) != 247 {
+    if bytes.len() < 20
+        || &bytes[..4] != b"\x7fELF"
+        || u16::from_le_bytes([bytes[18], bytes[19]]) != 247
+    {
         bail!("{} is not an eBPF ELF object", obj.display());
     }
     Ok(obj)
@@ -104,15 +116,25 @@ pub fn nvml_sim() -> Result<PathBuf> {
 }
 
 fn junction_output(args: &[&str]) -> Result<String> {
-    let out = cargo().args(["run", "--quiet", "-p", "junction", "--"]).args(args).output()?;
+    let out = cargo()
+        .args(["run", "--quiet", "-p", "junction", "--"])
+        .args(args)
+        .output()?;
     if !out.status.success() {
-        bail!("junction {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "junction {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(String::from_utf8(out.stdout)?)
 }
 
 fn docs() -> Result<()> {
-    for (which, path) in [("metrics", "METRICS.md"), ("config", "docs/CONFIG.md"), ("example", "config/junction.toml")] {
+    for (which, path) in [
+        ("metrics", "METRICS.md"),
+        ("config", "docs/CONFIG.md"),
+        ("example", "config/junction.toml"),
+    ] {
         let text = junction_output(&["docs", which])?;
         let dest = root().join(path);
         if let Some(dir) = dest.parent() {
@@ -127,10 +149,27 @@ fn docs() -> Result<()> {
 /// The config the demo and the benchmarks use: the simulator library, everything at `interval`.
 pub fn sim_config(listen: &str, interval_secs: u64) -> String {
     let lib = root().join("target/nvml-sim/current/libnvidia-ml.so.1");
-    let mut s = format!("[sources.nvml]\nlibrary = {:?}\n\n[sinks.prometheus]\nlisten = {listen:?}\n", lib.display().to_string());
+    let mut s = format!(
+        "[sources.nvml]\nlibrary = {:?}\n\n[sinks.prometheus]\nlisten = {listen:?}\n",
+        lib.display().to_string()
+    );
     if interval_secs > 0 {
-        for g in ["utilization", "memory", "power", "temperature", "clocks", "errors", "pcie", "nvlink", "processes", "mig", "gpm"] {
-            s.push_str(&format!("\n[sources.nvml.groups.{g}]\ninterval_secs = {interval_secs}\n"));
+        for g in [
+            "utilization",
+            "memory",
+            "power",
+            "temperature",
+            "clocks",
+            "errors",
+            "pcie",
+            "nvlink",
+            "processes",
+            "mig",
+            "gpm",
+        ] {
+            s.push_str(&format!(
+                "\n[sources.nvml.groups.{g}]\ninterval_secs = {interval_secs}\n"
+            ));
         }
     }
     s
@@ -147,21 +186,35 @@ fn demo() -> Result<()> {
     let bin = root().join("target/debug/junction");
     let config = config.display().to_string();
     println!("Simulated node: {}\n", scenario.display());
-    run(Command::new(&bin).env("JUNCTION_NVML_SIM_SCENARIO", &scenario).args(["--config", &config, "once"]))?;
+    run(Command::new(&bin)
+        .env("JUNCTION_NVML_SIM_SCENARIO", &scenario)
+        .args(["--config", &config, "once"]))?;
     println!("\nServing http://127.0.0.1:9474/metrics (Ctrl-C to stop)");
-    run(Command::new(&bin).env("JUNCTION_NVML_SIM_SCENARIO", &scenario).args(["--config", &config, "run"]))
+    run(Command::new(&bin)
+        .env("JUNCTION_NVML_SIM_SCENARIO", &scenario)
+        .args(["--config", &config, "run"]))
 }
 
 fn test() -> Result<()> {
     let env = setup::test_dependencies()?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args(["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--quiet",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     let obj = build_ebpf()?;
     println!("BPF object: {}", obj.display());
     let sim = nvml_sim()?;
     println!("NVML simulator: {}", sim.display());
     let mut c = cargo();
-    c.args(["test", "--workspace"]).env("JUNCTION_PYTHON", &env.python).env("JUNCTION_BPF_OBJECT", &obj);
+    c.args(["test", "--workspace"])
+        .env("JUNCTION_PYTHON", &env.python)
+        .env("JUNCTION_BPF_OBJECT", &obj);
     run(&mut c)?;
     bench::run(true)
 }

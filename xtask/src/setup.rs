@@ -20,7 +20,10 @@ pub struct TestEnv {
 }
 
 fn quiet_ok(cmd: &mut Command) -> bool {
-    cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Installs Debian packages that are missing (needs root).
@@ -29,7 +32,9 @@ pub fn apt(packages: &[&str]) -> Result<()> {
         .iter()
         .copied()
         .filter(|p| {
-            let out = Command::new("dpkg-query").args(["-W", "-f=${Status}", p]).output();
+            let out = Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output();
             !out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
         })
         .collect();
@@ -47,22 +52,47 @@ pub fn apt(packages: &[&str]) -> Result<()> {
 
 /// Nightly rust-src, LLVM 22 and bpf-linker. Returns the PATH to build the BPF crate with.
 pub fn bpf_toolchain() -> Result<String> {
-    let sysroot = Command::new("rustc").args(["+nightly", "--print", "sysroot"]).output();
+    let sysroot = Command::new("rustc")
+        .args(["+nightly", "--print", "sysroot"])
+        .output();
     let sysroot = match sysroot {
         Ok(o) if o.status.success() => PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()),
         _ => bail!("no nightly toolchain: `rustup toolchain install nightly` first"),
     };
     if !sysroot.join("lib/rustlib/src/rust/library/core").exists() {
-        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
-    apt(&["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"])?;
+    apt(&[
+        "llvm-22-dev",
+        "libpolly-22-dev",
+        "libzstd-dev",
+        "zlib1g-dev",
+    ])?;
     let path = format!("{LLVM_BIN}:{}", std::env::var("PATH").unwrap_or_default());
-    if !quiet_ok(Command::new("bpf-linker").arg("--version").env("PATH", &path)) {
+    if !quiet_ok(
+        Command::new("bpf-linker")
+            .arg("--version")
+            .env("PATH", &path),
+    ) {
         println!("installing bpf-linker (a few minutes)");
         run(Command::new("cargo")
             .env("PATH", &path)
             .env_remove("CARGO_TARGET_DIR")
-            .args(["install", "bpf-linker", "--version", "0.13.0", "--no-default-features", "--features", "llvm-22"]))?;
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                "0.13.0",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ]))?;
     }
     Ok(path)
 }
@@ -74,11 +104,20 @@ pub fn test_dependencies() -> Result<TestEnv> {
     let venv = root().join("target/venv");
     let python = venv.join("bin/python");
     if !python.exists() {
-        run(Command::new("python3").args(["-m", "venv"]).arg(&venv)).context("creating the Python venv")?;
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+            .context("creating the Python venv")?;
     }
     let have = quiet_ok(Command::new(&python).args(["-c", "import pynvml, nvitop_exporter"]));
     if !have {
-        run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args(PYTHON_PACKAGES))?;
+        run(Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(PYTHON_PACKAGES))?;
     }
     Ok(TestEnv { python })
 }

@@ -36,8 +36,14 @@ fn write_table(out: &mut String, table: &toml::Table, fields: &[FieldDoc], path:
         }
     }
     for f in fields {
-        let (Some(nested), Some(toml::Value::Table(t))) = ((f.nested)(), table.get(f.name)) else { continue };
-        let sub = if path.is_empty() { f.name.to_string() } else { format!("{path}.{}", f.name) };
+        let (Some(nested), Some(toml::Value::Table(t))) = ((f.nested)(), table.get(f.name)) else {
+            continue;
+        };
+        let sub = if path.is_empty() {
+            f.name.to_string()
+        } else {
+            format!("{path}.{}", f.name)
+        };
         let has_scalars = nested.iter().any(|n| (n.nested)().is_none());
         if has_scalars {
             out.push('\n');
@@ -66,16 +72,61 @@ pub fn reference() -> String {
 fn section(out: &mut String, table: &toml::Table, fields: &[FieldDoc], path: &str) {
     let scalars: Vec<&FieldDoc> = fields.iter().filter(|f| (f.nested)().is_none()).collect();
     if !scalars.is_empty() {
-        let _ = writeln!(out, "\n## `[{path}]`\n\n| key | type | default | meaning |\n|---|---|---|---|");
+        let _ = writeln!(
+            out,
+            "\n## `[{path}]`\n\n| key | type | default | meaning |\n|---|---|---|---|"
+        );
         for f in scalars {
             let default = table.get(f.name).map(|v| v.to_string()).unwrap_or_default();
             let doc = f.doc.lines().map(str::trim).collect::<Vec<_>>().join(" ");
-            let _ = writeln!(out, "| `{}` | `{}` | `{}` | {} |", f.name, f.ty, default.replace('|', "\\|"), doc.trim());
+            let _ = writeln!(
+                out,
+                "| `{}` | `{}` | `{}` | {} |",
+                f.name,
+                f.ty,
+                default.replace('|', "\\|"),
+                doc.trim()
+            );
         }
     }
     for f in fields {
-        let (Some(nested), Some(toml::Value::Table(t))) = ((f.nested)(), table.get(f.name)) else { continue };
-        let sub = if path.is_empty() { f.name.to_string() } else { format!("{path}.{}", f.name) };
+        let (Some(nested), Some(toml::Value::Table(t))) = ((f.nested)(), table.get(f.name)) else {
+            continue;
+        };
+        let sub = if path.is_empty() {
+            f.name.to_string()
+        } else {
+            format!("{path}.{}", f.name)
+        };
         section(out, t, nested, &sub);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    fn committed(path: &str) -> String {
+        std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))).unwrap_or_default()
+    }
+
+    #[test]
+    fn committed_example_config_matches_the_defaults() {
+        assert!(
+            committed("config/junction.toml") == super::example_config(),
+            "config/junction.toml is out of date: run `cargo xtask docs` and commit it"
+        );
+    }
+
+    #[test]
+    fn committed_reference_matches_the_config_types() {
+        assert!(
+            committed("docs/CONFIG.md") == super::reference(),
+            "docs/CONFIG.md is out of date: run `cargo xtask docs` and commit it"
+        );
+    }
+
+    #[test]
+    fn example_config_parses_to_the_defaults() {
+        let parsed = super::super::load::parse_str(&super::example_config(), std::path::Path::new("example"));
+        assert_eq!(parsed.ok(), Some(super::Config::default()));
     }
 }

@@ -4,8 +4,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use toml::de::{DeTable, DeValue, ValueDeserializer};
 use toml::Spanned;
+use toml::de::{DeTable, DeValue, ValueDeserializer};
 
 use super::Config;
 
@@ -66,16 +66,20 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigErrors> {
 
 /// Parses and checks config text; `file` names it in errors.
 pub fn parse_str(text: &str, file: &Path) -> Result<Config, ConfigErrors> {
-    let err = |span: Option<std::ops::Range<usize>>, key: Option<String>, message: String| ConfigError {
-        file: file.to_owned(),
-        line: span.map(|s| line_col(text, s.start)),
-        key,
-        message,
-    };
+    let err =
+        |span: Option<std::ops::Range<usize>>, key: Option<String>, message: String| ConfigError {
+            file: file.to_owned(),
+            line: span.map(|s| line_col(text, s.start)),
+            key,
+            message,
+        };
     let (root, syntax) = DeTable::parse_recoverable(text);
     if !syntax.is_empty() {
         return Err(ConfigErrors(
-            syntax.into_iter().map(|e| err(e.span(), None, e.message().trim().to_string())).collect(),
+            syntax
+                .into_iter()
+                .map(|e| err(e.span(), None, e.message().trim().to_string()))
+                .collect(),
         ));
     }
     let original = root.clone();
@@ -84,12 +88,17 @@ pub fn parse_str(text: &str, file: &Path) -> Result<Config, ConfigErrors> {
     // serde stops at the first error: record it, drop the offending key and try again, so that
     // one run reports every bad key. Bounded by the number of keys.
     let config = loop {
-        let de = ValueDeserializer::from(Spanned::new(table.span(), DeValue::Table(table.get_ref().clone())));
+        let de = ValueDeserializer::from(Spanned::new(
+            table.span(),
+            DeValue::Table(table.get_ref().clone()),
+        ));
         match Config::deserialize(de) {
             Ok(c) => break Some(c),
             Err(e) => {
                 let span = e.span();
-                let path = span.clone().and_then(|s| remove_key_at(table.get_mut(), &s, ""));
+                let path = span
+                    .clone()
+                    .and_then(|s| remove_key_at(table.get_mut(), &s, ""));
                 let message = e.message().trim().to_string();
                 errors.push(err(span, path.clone(), message));
                 if path.is_none() || errors.len() > 200 {
@@ -111,7 +120,11 @@ pub fn parse_str(text: &str, file: &Path) -> Result<Config, ConfigErrors> {
 }
 
 /// Removes the deepest key whose key or value span contains `span`; returns its dotted path.
-fn remove_key_at(table: &mut DeTable<'_>, span: &std::ops::Range<usize>, _prefix: &str) -> Option<String> {
+fn remove_key_at(
+    table: &mut DeTable<'_>,
+    span: &std::ops::Range<usize>,
+    _prefix: &str,
+) -> Option<String> {
     let path = find_key_at(table, span)?;
     let mut t = table;
     for p in &path[..path.len() - 1] {
@@ -126,13 +139,14 @@ fn remove_key_at(table: &mut DeTable<'_>, span: &std::ops::Range<usize>, _prefix
 
 /// The path of the deepest key whose key or value span contains `span`.
 fn find_key_at(table: &DeTable<'_>, span: &std::ops::Range<usize>) -> Option<Vec<String>> {
-    let contains = |s: std::ops::Range<usize>| s.start <= span.start && span.end <= s.end.max(s.start + 1);
+    let contains =
+        |s: std::ops::Range<usize>| s.start <= span.start && span.end <= s.end.max(s.start + 1);
     for (k, v) in table.iter() {
-        if let DeValue::Table(inner) = v.get_ref() {
-            if let Some(mut p) = find_key_at(inner, span) {
-                p.insert(0, k.get_ref().to_string());
-                return Some(p);
-            }
+        if let DeValue::Table(inner) = v.get_ref()
+            && let Some(mut p) = find_key_at(inner, span)
+        {
+            p.insert(0, k.get_ref().to_string());
+            return Some(p);
         }
         if contains(k.span()) || contains(v.span()) {
             return Some(vec![k.get_ref().to_string()]);
@@ -148,7 +162,9 @@ fn span_of(table: &DeTable<'_>, dotted: &str) -> Option<std::ops::Range<usize>> 
     let (k, mut v) = table.get_key_value(first)?;
     let mut span = k.span();
     for p in parts {
-        let DeValue::Table(t) = v.get_ref() else { return Some(span) };
+        let DeValue::Table(t) = v.get_ref() else {
+            return Some(span);
+        };
         let (k2, v2) = t.get_key_value(p)?;
         span = k2.span();
         v = v2;
@@ -160,7 +176,10 @@ fn span_of(table: &DeTable<'_>, dotted: &str) -> Option<std::ops::Range<usize>> 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map_or(before.len(), |i| before.len() - i - 1) + 1;
+    let col = before
+        .rfind('\n')
+        .map_or(before.len(), |i| before.len() - i - 1)
+        + 1;
     (line, col)
 }
 
@@ -187,16 +206,34 @@ mod tests {
             "[sources.nvml]\nbogus = 1\ncall_timeout_ms = \"soon\"\n\n[sinks.prometheus]\nlisten = \"nowhere\"\n",
         );
         assert_eq!(e.len(), 3, "{e:#?}");
-        assert!(e[0].starts_with("j.toml:2:1: key `sources.nvml.bogus`: unknown field `bogus`"), "{}", e[0]);
-        assert!(e[1].starts_with("j.toml:3:19: key `sources.nvml.call_timeout_ms`: invalid type"), "{}", e[1]);
-        assert!(e[2].starts_with("j.toml:6:1: key `sinks.prometheus.listen`: \"nowhere\" is not a socket address"), "{}", e[2]);
+        assert!(
+            e[0].starts_with("j.toml:2:1: key `sources.nvml.bogus`: unknown field `bogus`"),
+            "{}",
+            e[0]
+        );
+        assert!(
+            e[1].starts_with("j.toml:3:19: key `sources.nvml.call_timeout_ms`: invalid type"),
+            "{}",
+            e[1]
+        );
+        assert!(
+            e[2].starts_with(
+                "j.toml:6:1: key `sinks.prometheus.listen`: \"nowhere\" is not a socket address"
+            ),
+            "{}",
+            e[2]
+        );
     }
 
     #[test]
     fn unknown_section_is_named() {
         let e = errors("[sources.nvlm]\nenabled = true\n");
         assert_eq!(e.len(), 1, "{e:#?}");
-        assert!(e[0].contains("key `sources.nvlm`") && e[0].contains("unknown field `nvlm`"), "{}", e[0]);
+        assert!(
+            e[0].contains("key `sources.nvlm`") && e[0].contains("unknown field `nvlm`"),
+            "{}",
+            e[0]
+        );
     }
 
     #[test]

@@ -27,7 +27,11 @@ pub struct Sample {
 impl Sample {
     /// A sample with no extra attributes.
     pub fn new(metric: Metric, value: f64) -> Self {
-        Self { metric, attrs: Vec::new(), value }
+        Self {
+            metric,
+            attrs: Vec::new(),
+            value,
+        }
     }
 
     /// Adds an attribute.
@@ -38,7 +42,10 @@ impl Sample {
 
     /// The value of an attribute.
     pub fn attr(&self, key: &str) -> Option<&str> {
-        self.attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_ref())
+        self.attrs
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_ref())
     }
 }
 
@@ -77,8 +84,12 @@ pub enum HealthState {
 
 impl HealthState {
     /// Every state, for the `hw.status` state set.
-    pub const ALL: [HealthState; 4] =
-        [HealthState::Ok, HealthState::Degraded, HealthState::Failed, HealthState::PredictedFailure];
+    pub const ALL: [HealthState; 4] = [
+        HealthState::Ok,
+        HealthState::Degraded,
+        HealthState::Failed,
+        HealthState::PredictedFailure,
+    ];
 
     /// The `hw.state` value.
     pub fn as_str(self) -> &'static str {
@@ -118,7 +129,7 @@ impl GpuSlot {
     fn new(info: GpuInfo) -> Self {
         Self {
             info,
-            groups: vec![Arc::new(Vec::new()); Group::ALL.len()],
+            groups: Group::ALL.iter().map(|_| Arc::new(Vec::new())).collect(),
             state: HealthState::Ok,
             reason: None,
             disabled: BTreeMap::new(),
@@ -208,12 +219,26 @@ pub fn status_samples(slot: &GpuSlot, driver: Option<&DriverInfo>) -> Vec<Sample
         .with("hw.vendor", "nvidia")
         .with("hw.model", info.name.clone())
         .with("hw.serial_number", info.serial.clone().unwrap_or_default())
-        .with("hw.driver_version", driver.map(|d| d.driver_version.clone()).unwrap_or_default())
-        .with("hw.firmware_version", info.vbios.clone().unwrap_or_default())
+        .with(
+            "hw.driver_version",
+            driver.map(|d| d.driver_version.clone()).unwrap_or_default(),
+        )
+        .with(
+            "hw.firmware_version",
+            info.vbios.clone().unwrap_or_default(),
+        )
         .with("gpu.index", info.index.to_string())
-        .with("gpu.minor_number", info.minor_number.map(|m| m.to_string()).unwrap_or_default())
+        .with(
+            "gpu.minor_number",
+            info.minor_number.map(|m| m.to_string()).unwrap_or_default(),
+        )
         .with("gpu.pci.bdf", info.pci_bus_id.clone());
-    i = i.with("gpu.cuda_driver_version", driver.and_then(|d| d.cuda_version.clone()).unwrap_or_default());
+    i = i.with(
+        "gpu.cuda_driver_version",
+        driver
+            .and_then(|d| d.cuda_version.clone())
+            .unwrap_or_default(),
+    );
     out.push(i);
     for s in HealthState::ALL {
         out.push(
@@ -223,7 +248,10 @@ pub fn status_samples(slot: &GpuSlot, driver: Option<&DriverInfo>) -> Vec<Sample
         );
     }
     out.push(Sample::new(Metric::NvmlTimeouts, slot.timeouts as f64));
-    out.push(Sample::new(Metric::NvmlStuck, f64::from(u8::from(slot.stuck.is_some()))));
+    out.push(Sample::new(
+        Metric::NvmlStuck,
+        f64::from(u8::from(slot.stuck.is_some())),
+    ));
     out.push(Sample::new(Metric::Disabled, slot.disabled.len() as f64));
     out
 }

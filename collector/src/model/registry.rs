@@ -243,16 +243,23 @@ impl MetricDesc {
         let mut name: String = self
             .name
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == ':' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         while name.contains("__") {
             name = name.replace("__", "_");
         }
-        if let Some(suffix) = unit_suffix(self.unit, self.kind) {
-            if !name.split('_').any(|w| w == suffix) && !name.ends_with(&format!("_{suffix}")) {
-                name.push('_');
-                name.push_str(&suffix);
-            }
+        if let Some(suffix) = unit_suffix(self.unit, self.kind)
+            && !name.split('_').any(|w| w == suffix)
+            && !name.ends_with(&format!("_{suffix}"))
+        {
+            name.push('_');
+            name.push_str(&suffix);
         }
         if self.kind == Kind::Counter && !name.ends_with("_total") {
             name.push_str("_total");
@@ -309,11 +316,19 @@ fn unit_suffix(unit: &str, kind: Kind) -> Option<String> {
     }
     match unit.split_once('/') {
         Some((a, b)) => {
-            let main = unit_word(a).map(str::to_string).unwrap_or_else(|| a.to_string());
-            let per = per_word(b).map(str::to_string).unwrap_or_else(|| b.to_string());
+            let main = unit_word(a)
+                .map(str::to_string)
+                .unwrap_or_else(|| a.to_string());
+            let per = per_word(b)
+                .map(str::to_string)
+                .unwrap_or_else(|| b.to_string());
             Some(format!("{main}_per_{per}"))
         }
-        None => Some(unit_word(unit).map(str::to_string).unwrap_or_else(|| unit.to_string())),
+        None => Some(
+            unit_word(unit)
+                .map(str::to_string)
+                .unwrap_or_else(|| unit.to_string()),
+        ),
     }
 }
 
@@ -345,7 +360,11 @@ pub fn metrics_markdown() -> String {
         if d.group == Group::Status && d.name.starts_with("junction.source") {
             attrs.retain(|a| *a != "hw.id");
         }
-        let attrs = attrs.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(", ");
+        let attrs = attrs
+            .iter()
+            .map(|a| format!("`{a}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let _ = writeln!(
             out,
             "| `{}` | `{}` | `{}` | {} | {} | {} | {} |",
@@ -381,7 +400,10 @@ mod tests {
         assert_eq!(n(Metric::Status), "hw_status");
         assert_eq!(n(Metric::EccErrors), "hw_errors_total");
         assert_eq!(n(Metric::FanSpeed), "hw_fan_speed_ratio");
-        assert_eq!(n(Metric::PcieThroughput), "gpu_pcie_throughput_bytes_per_second");
+        assert_eq!(
+            n(Metric::PcieThroughput),
+            "gpu_pcie_throughput_bytes_per_second"
+        );
         assert_eq!(n(Metric::ViolationTime), "gpu_violation_time_seconds_total");
         assert_eq!(n(Metric::ClockFrequency), "gpu_clock_frequency_hertz");
         assert_eq!(n(Metric::Info), "gpu_info");
@@ -400,6 +422,9 @@ mod tests {
     fn committed_metrics_md_matches_the_registry() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../METRICS.md");
         let committed = std::fs::read_to_string(path).unwrap_or_default();
-        assert!(committed == metrics_markdown(), "METRICS.md is out of date: run `cargo xtask docs` and commit it");
+        assert!(
+            committed == metrics_markdown(),
+            "METRICS.md is out of date: run `cargo xtask docs` and commit it"
+        );
     }
 }

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 /// The workspace root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 /// The `junction` binary under test.
@@ -35,20 +38,31 @@ pub fn sim_lib(variant: &str) -> PathBuf {
             .expect("run cargo xtask nvml-sim");
         assert!(status.success(), "cargo xtask nvml-sim failed");
     });
-    root().join("target/nvml-sim").join(variant).join("libnvidia-ml.so.1")
+    root()
+        .join("target/nvml-sim")
+        .join(variant)
+        .join("libnvidia-ml.so.1")
 }
 
 /// A fresh directory for one test's files.
 pub fn temp_dir() -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!("junction-e2e-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+    let dir = std::env::temp_dir().join(format!(
+        "junction-e2e-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
     std::fs::create_dir_all(&dir).expect("create temp dir");
     dir
 }
 
 /// A free loopback port.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 /// A config that points at the simulator and collects every group every second.
@@ -57,7 +71,19 @@ pub fn sim_config(variant: &str, port: u16, extra: &str) -> String {
         "[sources.nvml]\nlibrary = {:?}\ncall_timeout_ms = 500\n{extra}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
         sim_lib(variant).display().to_string()
     );
-    for g in ["utilization", "memory", "power", "temperature", "clocks", "errors", "pcie", "nvlink", "processes", "mig", "gpm"] {
+    for g in [
+        "utilization",
+        "memory",
+        "power",
+        "temperature",
+        "clocks",
+        "errors",
+        "pcie",
+        "nvlink",
+        "processes",
+        "mig",
+        "gpm",
+    ] {
         s.push_str(&format!("\n[sources.nvml.groups.{g}]\ninterval_secs = 1\n"));
     }
     s
@@ -89,8 +115,15 @@ impl Agent {
             .stderr(std::fs::File::create(&stderr).expect("stderr file"))
             .spawn()
             .expect("spawn junction");
-        let mut agent = Agent { child, port, stderr, config };
-        agent.wait_for(Duration::from_secs(30), |m| m.contains("hw_gpu_memory_usage_bytes"));
+        let mut agent = Agent {
+            child,
+            port,
+            stderr,
+            config,
+        };
+        agent.wait_for(Duration::from_secs(30), |m| {
+            m.contains("hw_gpu_memory_usage_bytes")
+        });
         agent
     }
 
@@ -98,15 +131,19 @@ impl Agent {
     pub fn wait_for(&mut self, limit: Duration, ok: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
         loop {
-            if let Ok(body) = scrape(self.port, Duration::from_secs(5)) {
-                if ok(&body) {
-                    return body;
-                }
+            if let Ok(body) = scrape(self.port, Duration::from_secs(5))
+                && ok(&body)
+            {
+                return body;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("junction exited early ({status}):\n{}", self.log());
             }
-            assert!(start.elapsed() < limit, "condition not met within {limit:?}; log:\n{}", self.log());
+            assert!(
+                start.elapsed() < limit,
+                "condition not met within {limit:?}; log:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -125,7 +162,10 @@ impl Agent {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return status;
             }
-            assert!(start.elapsed() < Duration::from_secs(20), "junction did not exit after SIGTERM");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "junction did not exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -140,8 +180,15 @@ impl Drop for Agent {
 
 /// GET `/metrics` with a timeout.
 pub fn scrape(port: u16, timeout: Duration) -> Result<String, ureq::Error> {
-    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(timeout)).build().into();
-    agent.get(&format!("http://127.0.0.1:{port}/metrics")).call()?.body_mut().read_to_string()
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .build()
+        .into();
+    agent
+        .get(&format!("http://127.0.0.1:{port}/metrics"))
+        .call()?
+        .body_mut()
+        .read_to_string()
 }
 
 /// One series of the exposition format.
@@ -155,7 +202,10 @@ pub struct Series {
 /// Parses the text exposition format (the subset Junction writes).
 pub fn parse(text: &str) -> Vec<Series> {
     let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
         let (head, value) = line.rsplit_once(' ').expect("value");
         let (name, labels) = match head.split_once('{') {
             Some((n, rest)) => (n, rest.trim_end_matches('}')),
@@ -166,13 +216,22 @@ pub fn parse(text: &str) -> Vec<Series> {
         while let Some((k, v)) = rest.split_once("=\"") {
             let mut end = 0;
             let bytes = v.as_bytes();
-            while end < bytes.len() && !(bytes[end] == b'"' && (end == 0 || bytes[end - 1] != b'\\')) {
+            while end < bytes.len()
+                && !(bytes[end] == b'"' && (end == 0 || bytes[end - 1] != b'\\'))
+            {
                 end += 1;
             }
-            map.insert(k.trim_start_matches(',').to_string(), v[..end].replace("\\\"", "\"").replace("\\\\", "\\"));
+            map.insert(
+                k.trim_start_matches(',').to_string(),
+                v[..end].replace("\\\"", "\"").replace("\\\\", "\\"),
+            );
             rest = &v[(end + 1).min(v.len())..];
         }
-        out.push(Series { name: name.to_string(), labels: map, value: value.parse().expect("number") });
+        out.push(Series {
+            name: name.to_string(),
+            labels: map,
+            value: value.parse().expect("number"),
+        });
     }
     out
 }
@@ -181,9 +240,18 @@ pub fn parse(text: &str) -> Vec<Series> {
 pub fn value(series: &[Series], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     let hits: Vec<&Series> = series
         .iter()
-        .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)))
+        .filter(|s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
         .collect();
-    assert!(hits.len() <= 1, "{name} {labels:?} matches {} series: {hits:#?}", hits.len());
+    assert!(
+        hits.len() <= 1,
+        "{name} {labels:?} matches {} series: {hits:#?}",
+        hits.len()
+    );
     hits.first().map(|s| s.value)
 }
 
@@ -192,7 +260,12 @@ pub fn uuids(series: &[Series]) -> Vec<String> {
     let mut v: Vec<(u32, String)> = series
         .iter()
         .filter(|s| s.name == "gpu_info")
-        .map(|s| (s.labels["gpu_index"].parse().expect("index"), s.labels["hw_id"].clone()))
+        .map(|s| {
+            (
+                s.labels["gpu_index"].parse().expect("index"),
+                s.labels["hw_id"].clone(),
+            )
+        })
         .collect();
     v.sort();
     v.into_iter().map(|(_, u)| u).collect()
@@ -206,8 +279,11 @@ pub fn output(cmd: &mut Command) -> Output {
 /// A tool on PATH, or `None` with the reason printed (a failure in CI, where it must exist).
 pub fn require_tool(name: &str, path: Option<PathBuf>) -> Option<PathBuf> {
     let found = path.filter(|p| p.exists()).or_else(|| {
-        std::env::var_os("PATH")
-            .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.exists()))
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(name))
+                .find(|p| p.exists())
+        })
     });
     if found.is_none() {
         let msg = format!("{name} is not installed; `cargo xtask test` installs it");

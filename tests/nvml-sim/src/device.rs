@@ -4,8 +4,8 @@
 use std::os::raw::{c_int, c_uint, c_ulonglong};
 
 use nvml_wrapper_sys::bindings::{
-    nvmlBAR1Memory_t, nvmlDevice_t, nvmlFieldValue_t, nvmlMemory_t, nvmlReturn_t, nvmlUtilization_t,
-    nvmlViolationTime_t,
+    nvmlBAR1Memory_t, nvmlDevice_t, nvmlFieldValue_t, nvmlMemory_t, nvmlReturn_t,
+    nvmlUtilization_t, nvmlViolationTime_t,
 };
 
 use crate::state::*;
@@ -26,26 +26,40 @@ fn vull(call: &'static str, device: nvmlDevice_t, key: &str) -> Result<c_ulonglo
     Ok(v(call, device, key)?.max(0.0).round() as c_ulonglong)
 }
 
-export!(fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) {
-    let (sim, g) = gpu(device, "nvmlDeviceGetUtilizationRates")?;
-    let u = nvmlUtilization_t {
-        gpu: value(sim, g, "gpu_util")?.round() as c_uint,
-        memory: value(sim, g, "mem_util")?.round() as c_uint,
-    };
-    Ok(put(utilization, u))
-});
+export!(
+    fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) {
+        let (sim, g) = gpu(device, "nvmlDeviceGetUtilizationRates")?;
+        let u = nvmlUtilization_t {
+            gpu: value(sim, g, "gpu_util")?.round() as c_uint,
+            memory: value(sim, g, "mem_util")?.round() as c_uint,
+        };
+        Ok(put(utilization, u))
+    }
+);
 
-export!(fn nvmlDeviceGetEncoderUtilization(device: nvmlDevice_t, utilization: *mut c_uint, period: *mut c_uint) {
-    let u = vu("nvmlDeviceGetEncoderUtilization", device, "enc_util")?;
-    put(period, 167_000);
-    Ok(put(utilization, u))
-});
+export!(
+    fn nvmlDeviceGetEncoderUtilization(
+        device: nvmlDevice_t,
+        utilization: *mut c_uint,
+        period: *mut c_uint,
+    ) {
+        let u = vu("nvmlDeviceGetEncoderUtilization", device, "enc_util")?;
+        put(period, 167_000);
+        Ok(put(utilization, u))
+    }
+);
 
-export!(fn nvmlDeviceGetDecoderUtilization(device: nvmlDevice_t, utilization: *mut c_uint, period: *mut c_uint) {
-    let u = vu("nvmlDeviceGetDecoderUtilization", device, "dec_util")?;
-    put(period, 167_000);
-    Ok(put(utilization, u))
-});
+export!(
+    fn nvmlDeviceGetDecoderUtilization(
+        device: nvmlDevice_t,
+        utilization: *mut c_uint,
+        period: *mut c_uint,
+    ) {
+        let u = vu("nvmlDeviceGetDecoderUtilization", device, "dec_util")?;
+        put(period, 167_000);
+        Ok(put(utilization, u))
+    }
+);
 
 /// total, reserved, used, free in bytes for a GPU or a MIG device.
 fn memory(call: &'static str, device: nvmlDevice_t) -> Result<(u64, u64, u64, u64), nvmlReturn_t> {
@@ -66,94 +80,189 @@ fn memory(call: &'static str, device: nvmlDevice_t) -> Result<(u64, u64, u64, u6
     }
 }
 
-export!(fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, mem: *mut nvmlMemory_t) {
-    let (total, reserved, used, free) = memory("nvmlDeviceGetMemoryInfo", device)?;
-    // The v1 struct counts reserved memory as used, as the real library does.
-    Ok(put(mem, nvmlMemory_t { total, free, used: used + reserved }))
-});
+export!(
+    fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, mem: *mut nvmlMemory_t) {
+        let (total, reserved, used, free) = memory("nvmlDeviceGetMemoryInfo", device)?;
+        // The v1 struct counts reserved memory as used, as the real library does.
+        Ok(put(
+            mem,
+            nvmlMemory_t {
+                total,
+                free,
+                used: used + reserved,
+            },
+        ))
+    }
+);
 
 #[cfg(not(feature = "legacy"))]
-export!(fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, mem: *mut nvml_wrapper_sys::bindings::nvmlMemory_v2_t) {
-    let (total, reserved, used, free) = memory("nvmlDeviceGetMemoryInfo_v2", device)?;
-    if mem.is_null() {
-        return Err(ERROR_INVALID_ARGUMENT);
+export!(
+    fn nvmlDeviceGetMemoryInfo_v2(
+        device: nvmlDevice_t,
+        mem: *mut nvml_wrapper_sys::bindings::nvmlMemory_v2_t,
+    ) {
+        let (total, reserved, used, free) = memory("nvmlDeviceGetMemoryInfo_v2", device)?;
+        if mem.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let version = (*mem).version;
+        Ok(put(
+            mem,
+            nvml_wrapper_sys::bindings::nvmlMemory_v2_t {
+                version,
+                total,
+                reserved,
+                free,
+                used,
+            },
+        ))
     }
-    let version = (*mem).version;
-    Ok(put(mem, nvml_wrapper_sys::bindings::nvmlMemory_v2_t { version, total, reserved, free, used }))
-});
+);
 
-export!(fn nvmlDeviceGetBAR1MemoryInfo(device: nvmlDevice_t, bar1: *mut nvmlBAR1Memory_t) {
-    let (sim, g) = gpu(device, "nvmlDeviceGetBAR1MemoryInfo")?;
-    let total = value(sim, g, "bar1_total_mib")? as u64 * MIB;
-    let used = (value(sim, g, "bar1_used_mib")? as u64 * MIB).min(total);
-    Ok(put(bar1, nvmlBAR1Memory_t { bar1Total: total, bar1Free: total - used, bar1Used: used }))
-});
-
-export!(fn nvmlDeviceGetPowerUsage(device: nvmlDevice_t, power: *mut c_uint) {
-    Ok(put(power, vu("nvmlDeviceGetPowerUsage", device, "power_mw")?))
-});
-
-export!(fn nvmlDeviceGetEnforcedPowerLimit(device: nvmlDevice_t, limit: *mut c_uint) {
-    Ok(put(limit, vu("nvmlDeviceGetEnforcedPowerLimit", device, "power_limit_mw")?))
-});
-
-export!(fn nvmlDeviceGetPowerManagementLimit(device: nvmlDevice_t, limit: *mut c_uint) {
-    Ok(put(limit, vu("nvmlDeviceGetPowerManagementLimit", device, "power_limit_mw")?))
-});
-
-export!(fn nvmlDeviceGetPowerManagementDefaultLimit(device: nvmlDevice_t, limit: *mut c_uint) {
-    Ok(put(limit, vu("nvmlDeviceGetPowerManagementDefaultLimit", device, "power_default_limit_mw")?))
-});
-
-export!(fn nvmlDeviceGetPowerManagementLimitConstraints(device: nvmlDevice_t, min: *mut c_uint, max: *mut c_uint) {
-    let lo = vu("nvmlDeviceGetPowerManagementLimitConstraints", device, "power_min_limit_mw")?;
-    let hi = vu("nvmlDeviceGetPowerManagementLimitConstraints", device, "power_max_limit_mw")?;
-    put(min, lo);
-    Ok(put(max, hi))
-});
-
-export!(fn nvmlDeviceGetTotalEnergyConsumption(device: nvmlDevice_t, energy: *mut c_ulonglong) {
-    Ok(put(energy, vull("nvmlDeviceGetTotalEnergyConsumption", device, "energy_mj")?))
-});
-
-export!(fn nvmlDeviceGetTemperature(device: nvmlDevice_t, sensor: c_uint, temp: *mut c_uint) {
-    if sensor != 0 {
-        return Err(ERROR_INVALID_ARGUMENT);
+export!(
+    fn nvmlDeviceGetBAR1MemoryInfo(device: nvmlDevice_t, bar1: *mut nvmlBAR1Memory_t) {
+        let (sim, g) = gpu(device, "nvmlDeviceGetBAR1MemoryInfo")?;
+        let total = value(sim, g, "bar1_total_mib")? as u64 * MIB;
+        let used = (value(sim, g, "bar1_used_mib")? as u64 * MIB).min(total);
+        Ok(put(
+            bar1,
+            nvmlBAR1Memory_t {
+                bar1Total: total,
+                bar1Free: total - used,
+                bar1Used: used,
+            },
+        ))
     }
-    Ok(put(temp, vu("nvmlDeviceGetTemperature", device, "temp_gpu")?))
-});
+);
 
-export!(fn nvmlDeviceGetTemperatureThreshold(device: nvmlDevice_t, kind: c_uint, temp: *mut c_uint) {
-    let key = match kind {
-        0 => "temp_shutdown",
-        1 => "temp_slowdown",
-        2 => "temp_mem_max",
-        3 => "temp_gpu_max",
-        _ => return Err(ERROR_NOT_SUPPORTED),
-    };
-    Ok(put(temp, vu("nvmlDeviceGetTemperatureThreshold", device, key)?))
-});
-
-export!(fn nvmlDeviceGetNumFans(device: nvmlDevice_t, num: *mut c_uint) {
-    let (_, g) = gpu(device, "nvmlDeviceGetNumFans")?;
-    Ok(put(num, g.num_fans))
-});
-
-export!(fn nvmlDeviceGetFanSpeed_v2(device: nvmlDevice_t, fan: c_uint, speed: *mut c_uint) {
-    let (sim, g) = gpu(device, "nvmlDeviceGetFanSpeed_v2")?;
-    if fan >= g.num_fans {
-        return Err(ERROR_NOT_SUPPORTED);
+export!(
+    fn nvmlDeviceGetPowerUsage(device: nvmlDevice_t, power: *mut c_uint) {
+        Ok(put(
+            power,
+            vu("nvmlDeviceGetPowerUsage", device, "power_mw")?,
+        ))
     }
-    Ok(put(speed, value(sim, g, "fan_pct")?.round() as c_uint))
-});
+);
 
-export!(fn nvmlDeviceGetFanSpeed(device: nvmlDevice_t, speed: *mut c_uint) {
-    let (sim, g) = gpu(device, "nvmlDeviceGetFanSpeed")?;
-    if g.num_fans == 0 {
-        return Err(ERROR_NOT_SUPPORTED);
+export!(
+    fn nvmlDeviceGetEnforcedPowerLimit(device: nvmlDevice_t, limit: *mut c_uint) {
+        Ok(put(
+            limit,
+            vu("nvmlDeviceGetEnforcedPowerLimit", device, "power_limit_mw")?,
+        ))
     }
-    Ok(put(speed, value(sim, g, "fan_pct")?.round() as c_uint))
-});
+);
+
+export!(
+    fn nvmlDeviceGetPowerManagementLimit(device: nvmlDevice_t, limit: *mut c_uint) {
+        Ok(put(
+            limit,
+            vu(
+                "nvmlDeviceGetPowerManagementLimit",
+                device,
+                "power_limit_mw",
+            )?,
+        ))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetPowerManagementDefaultLimit(device: nvmlDevice_t, limit: *mut c_uint) {
+        Ok(put(
+            limit,
+            vu(
+                "nvmlDeviceGetPowerManagementDefaultLimit",
+                device,
+                "power_default_limit_mw",
+            )?,
+        ))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetPowerManagementLimitConstraints(
+        device: nvmlDevice_t,
+        min: *mut c_uint,
+        max: *mut c_uint,
+    ) {
+        let lo = vu(
+            "nvmlDeviceGetPowerManagementLimitConstraints",
+            device,
+            "power_min_limit_mw",
+        )?;
+        let hi = vu(
+            "nvmlDeviceGetPowerManagementLimitConstraints",
+            device,
+            "power_max_limit_mw",
+        )?;
+        put(min, lo);
+        Ok(put(max, hi))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetTotalEnergyConsumption(device: nvmlDevice_t, energy: *mut c_ulonglong) {
+        Ok(put(
+            energy,
+            vull("nvmlDeviceGetTotalEnergyConsumption", device, "energy_mj")?,
+        ))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetTemperature(device: nvmlDevice_t, sensor: c_uint, temp: *mut c_uint) {
+        if sensor != 0 {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        Ok(put(
+            temp,
+            vu("nvmlDeviceGetTemperature", device, "temp_gpu")?,
+        ))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetTemperatureThreshold(device: nvmlDevice_t, kind: c_uint, temp: *mut c_uint) {
+        let key = match kind {
+            0 => "temp_shutdown",
+            1 => "temp_slowdown",
+            2 => "temp_mem_max",
+            3 => "temp_gpu_max",
+            _ => return Err(ERROR_NOT_SUPPORTED),
+        };
+        Ok(put(
+            temp,
+            vu("nvmlDeviceGetTemperatureThreshold", device, key)?,
+        ))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetNumFans(device: nvmlDevice_t, num: *mut c_uint) {
+        let (_, g) = gpu(device, "nvmlDeviceGetNumFans")?;
+        Ok(put(num, g.num_fans))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetFanSpeed_v2(device: nvmlDevice_t, fan: c_uint, speed: *mut c_uint) {
+        let (sim, g) = gpu(device, "nvmlDeviceGetFanSpeed_v2")?;
+        if fan >= g.num_fans {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
+        Ok(put(speed, value(sim, g, "fan_pct")?.round() as c_uint))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetFanSpeed(device: nvmlDevice_t, speed: *mut c_uint) {
+        let (sim, g) = gpu(device, "nvmlDeviceGetFanSpeed")?;
+        if g.num_fans == 0 {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
+        Ok(put(speed, value(sim, g, "fan_pct")?.round() as c_uint))
+    }
+);
 
 fn clock_key(kind: c_uint, max: bool) -> Result<&'static str, nvmlReturn_t> {
     Ok(match (kind, max) {
@@ -169,62 +278,124 @@ fn clock_key(kind: c_uint, max: bool) -> Result<&'static str, nvmlReturn_t> {
     })
 }
 
-export!(fn nvmlDeviceGetClockInfo(device: nvmlDevice_t, kind: c_uint, clock: *mut c_uint) {
-    Ok(put(clock, vu("nvmlDeviceGetClockInfo", device, clock_key(kind, false)?)?))
-});
+export!(
+    fn nvmlDeviceGetClockInfo(device: nvmlDevice_t, kind: c_uint, clock: *mut c_uint) {
+        Ok(put(
+            clock,
+            vu("nvmlDeviceGetClockInfo", device, clock_key(kind, false)?)?,
+        ))
+    }
+);
 
-export!(fn nvmlDeviceGetMaxClockInfo(device: nvmlDevice_t, kind: c_uint, clock: *mut c_uint) {
-    Ok(put(clock, vu("nvmlDeviceGetMaxClockInfo", device, clock_key(kind, true)?)?))
-});
+export!(
+    fn nvmlDeviceGetMaxClockInfo(device: nvmlDevice_t, kind: c_uint, clock: *mut c_uint) {
+        Ok(put(
+            clock,
+            vu("nvmlDeviceGetMaxClockInfo", device, clock_key(kind, true)?)?,
+        ))
+    }
+);
 
-export!(fn nvmlDeviceGetPerformanceState(device: nvmlDevice_t, state: *mut c_uint) {
-    Ok(put(state, vu("nvmlDeviceGetPerformanceState", device, "pstate")?))
-});
+export!(
+    fn nvmlDeviceGetPerformanceState(device: nvmlDevice_t, state: *mut c_uint) {
+        Ok(put(
+            state,
+            vu("nvmlDeviceGetPerformanceState", device, "pstate")?,
+        ))
+    }
+);
 
-export!(fn nvmlDeviceGetCurrentClocksThrottleReasons(device: nvmlDevice_t, reasons: *mut c_ulonglong) {
-    Ok(put(reasons, vull("nvmlDeviceGetCurrentClocksThrottleReasons", device, "throttle_reasons")?))
-});
+export!(
+    fn nvmlDeviceGetCurrentClocksThrottleReasons(device: nvmlDevice_t, reasons: *mut c_ulonglong) {
+        Ok(put(
+            reasons,
+            vull(
+                "nvmlDeviceGetCurrentClocksThrottleReasons",
+                device,
+                "throttle_reasons",
+            )?,
+        ))
+    }
+);
 
 #[cfg(not(feature = "legacy"))]
-export!(fn nvmlDeviceGetCurrentClocksEventReasons(device: nvmlDevice_t, reasons: *mut c_ulonglong) {
-    Ok(put(reasons, vull("nvmlDeviceGetCurrentClocksEventReasons", device, "throttle_reasons")?))
-});
+export!(
+    fn nvmlDeviceGetCurrentClocksEventReasons(device: nvmlDevice_t, reasons: *mut c_ulonglong) {
+        Ok(put(
+            reasons,
+            vull(
+                "nvmlDeviceGetCurrentClocksEventReasons",
+                device,
+                "throttle_reasons",
+            )?,
+        ))
+    }
+);
 
-export!(fn nvmlDeviceGetSupportedClocksThrottleReasons(device: nvmlDevice_t, reasons: *mut c_ulonglong) {
-    let _ = gpu(device, "nvmlDeviceGetSupportedClocksThrottleReasons")?;
-    Ok(put(reasons, 0x1ff))
-});
+export!(
+    fn nvmlDeviceGetSupportedClocksThrottleReasons(
+        device: nvmlDevice_t,
+        reasons: *mut c_ulonglong,
+    ) {
+        let _ = gpu(device, "nvmlDeviceGetSupportedClocksThrottleReasons")?;
+        Ok(put(reasons, 0x1ff))
+    }
+);
 
-export!(fn nvmlDeviceGetViolationStatus(device: nvmlDevice_t, policy: c_uint, time: *mut nvmlViolationTime_t) {
-    let key = match policy {
-        0 => "violation_power_ns",
-        1 => "violation_thermal_ns",
-        _ => return Err(ERROR_NOT_SUPPORTED),
-    };
-    let ns = vull("nvmlDeviceGetViolationStatus", device, key)?;
-    let now_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0);
-    Ok(put(time, nvmlViolationTime_t { referenceTime: now_us, violationTime: ns }))
-});
+export!(
+    fn nvmlDeviceGetViolationStatus(
+        device: nvmlDevice_t,
+        policy: c_uint,
+        time: *mut nvmlViolationTime_t,
+    ) {
+        let key = match policy {
+            0 => "violation_power_ns",
+            1 => "violation_thermal_ns",
+            _ => return Err(ERROR_NOT_SUPPORTED),
+        };
+        let ns = vull("nvmlDeviceGetViolationStatus", device, key)?;
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        Ok(put(
+            time,
+            nvmlViolationTime_t {
+                referenceTime: now_us,
+                violationTime: ns,
+            },
+        ))
+    }
+);
 
-export!(fn nvmlDeviceGetTotalEccErrors(device: nvmlDevice_t, error_type: c_uint, counter: c_uint, count: *mut c_ulonglong) {
-    let key = match (error_type, counter) {
-        (0, 0) => "ecc_corrected_volatile",
-        (1, 0) => "ecc_uncorrected_volatile",
-        (0, 1) => "ecc_corrected_aggregate",
-        (1, 1) => "ecc_uncorrected_aggregate",
-        _ => return Err(ERROR_INVALID_ARGUMENT),
-    };
-    Ok(put(count, vull("nvmlDeviceGetTotalEccErrors", device, key)?))
-});
+export!(
+    fn nvmlDeviceGetTotalEccErrors(
+        device: nvmlDevice_t,
+        error_type: c_uint,
+        counter: c_uint,
+        count: *mut c_ulonglong,
+    ) {
+        let key = match (error_type, counter) {
+            (0, 0) => "ecc_corrected_volatile",
+            (1, 0) => "ecc_uncorrected_volatile",
+            (0, 1) => "ecc_corrected_aggregate",
+            (1, 1) => "ecc_uncorrected_aggregate",
+            _ => return Err(ERROR_INVALID_ARGUMENT),
+        };
+        Ok(put(
+            count,
+            vull("nvmlDeviceGetTotalEccErrors", device, key)?,
+        ))
+    }
+);
 
-export!(fn nvmlDeviceGetEccMode(device: nvmlDevice_t, current: *mut c_uint, pending: *mut c_uint) {
-    let on = vu("nvmlDeviceGetEccMode", device, "ecc_mode")?;
-    put(pending, on);
-    Ok(put(current, on))
-});
+export!(
+    fn nvmlDeviceGetEccMode(device: nvmlDevice_t, current: *mut c_uint, pending: *mut c_uint) {
+        let on = vu("nvmlDeviceGetEccMode", device, "ecc_mode")?;
+        put(pending, on);
+        Ok(put(current, on))
+    }
+);
 
 fn retired_key(cause: c_uint) -> Result<&'static str, nvmlReturn_t> {
     match cause {
@@ -234,15 +405,30 @@ fn retired_key(cause: c_uint) -> Result<&'static str, nvmlReturn_t> {
     }
 }
 
-export!(fn nvmlDeviceGetRetiredPages(device: nvmlDevice_t, cause: c_uint, count: *mut c_uint, addresses: *mut c_ulonglong) {
-    let n = vu("nvmlDeviceGetRetiredPages", device, retired_key(cause)?)?;
-    retired(n, count, addresses, std::ptr::null_mut())
-});
+export!(
+    fn nvmlDeviceGetRetiredPages(
+        device: nvmlDevice_t,
+        cause: c_uint,
+        count: *mut c_uint,
+        addresses: *mut c_ulonglong,
+    ) {
+        let n = vu("nvmlDeviceGetRetiredPages", device, retired_key(cause)?)?;
+        retired(n, count, addresses, std::ptr::null_mut())
+    }
+);
 
-export!(fn nvmlDeviceGetRetiredPages_v2(device: nvmlDevice_t, cause: c_uint, count: *mut c_uint, addresses: *mut c_ulonglong, timestamps: *mut c_ulonglong) {
-    let n = vu("nvmlDeviceGetRetiredPages_v2", device, retired_key(cause)?)?;
-    retired(n, count, addresses, timestamps)
-});
+export!(
+    fn nvmlDeviceGetRetiredPages_v2(
+        device: nvmlDevice_t,
+        cause: c_uint,
+        count: *mut c_uint,
+        addresses: *mut c_ulonglong,
+        timestamps: *mut c_ulonglong,
+    ) {
+        let n = vu("nvmlDeviceGetRetiredPages_v2", device, retired_key(cause)?)?;
+        retired(n, count, addresses, timestamps)
+    }
+);
 
 /// Fills the retired-page arrays with `n` made-up addresses.
 unsafe fn retired(
@@ -259,7 +445,11 @@ unsafe fn retired(
         let room = *count;
         *count = n;
         if room < n {
-            return if n == 0 { Ok(SUCCESS) } else { Err(ERROR_INSUFFICIENT_SIZE) };
+            return if n == 0 {
+                Ok(SUCCESS)
+            } else {
+                Err(ERROR_INSUFFICIENT_SIZE)
+            };
         }
         for i in 0..n as usize {
             if !addresses.is_null() {
@@ -273,77 +463,135 @@ unsafe fn retired(
     Ok(SUCCESS)
 }
 
-export!(fn nvmlDeviceGetRetiredPagesPendingStatus(device: nvmlDevice_t, pending: *mut c_uint) {
-    Ok(put(pending, vu("nvmlDeviceGetRetiredPagesPendingStatus", device, "retired_pending")?))
-});
-
-export!(fn nvmlDeviceGetRemappedRows(device: nvmlDevice_t, corr: *mut c_uint, unc: *mut c_uint, pending: *mut c_uint, failure: *mut c_uint) {
-    let c = "nvmlDeviceGetRemappedRows";
-    let (a, b, p, f) = (
-        vu(c, device, "remap_correctable")?,
-        vu(c, device, "remap_uncorrectable")?,
-        vu(c, device, "remap_pending")?,
-        vu(c, device, "remap_failure")?,
-    );
-    put(corr, a);
-    put(unc, b);
-    put(pending, p);
-    Ok(put(failure, f))
-});
-
-export!(fn nvmlDeviceGetPcieThroughput(device: nvmlDevice_t, counter: c_uint, value: *mut c_uint) {
-    let key = match counter {
-        0 => "pcie_tx_kbps",
-        1 => "pcie_rx_kbps",
-        _ => return Err(ERROR_INVALID_ARGUMENT),
-    };
-    Ok(put(value, vu("nvmlDeviceGetPcieThroughput", device, key)?))
-});
-
-export!(fn nvmlDeviceGetPcieReplayCounter(device: nvmlDevice_t, value: *mut c_uint) {
-    Ok(put(value, vu("nvmlDeviceGetPcieReplayCounter", device, "pcie_replay")?))
-});
-
-export!(fn nvmlDeviceGetCurrPcieLinkGeneration(device: nvmlDevice_t, value: *mut c_uint) {
-    Ok(put(value, vu("nvmlDeviceGetCurrPcieLinkGeneration", device, "pcie_gen")?))
-});
-
-export!(fn nvmlDeviceGetCurrPcieLinkWidth(device: nvmlDevice_t, value: *mut c_uint) {
-    Ok(put(value, vu("nvmlDeviceGetCurrPcieLinkWidth", device, "pcie_width")?))
-});
-
-export!(fn nvmlDeviceGetMaxPcieLinkGeneration(device: nvmlDevice_t, value: *mut c_uint) {
-    Ok(put(value, vu("nvmlDeviceGetMaxPcieLinkGeneration", device, "pcie_max_gen")?))
-});
-
-export!(fn nvmlDeviceGetMaxPcieLinkWidth(device: nvmlDevice_t, value: *mut c_uint) {
-    Ok(put(value, vu("nvmlDeviceGetMaxPcieLinkWidth", device, "pcie_max_width")?))
-});
-
-export!(fn nvmlDeviceGetNvLinkState(device: nvmlDevice_t, link: c_uint, active: *mut c_uint) {
-    let (sim, g) = gpu(device, "nvmlDeviceGetNvLinkState")?;
-    if link >= g.nvlink_count {
-        return Err(ERROR_INVALID_ARGUMENT);
+export!(
+    fn nvmlDeviceGetRetiredPagesPendingStatus(device: nvmlDevice_t, pending: *mut c_uint) {
+        Ok(put(
+            pending,
+            vu(
+                "nvmlDeviceGetRetiredPagesPendingStatus",
+                device,
+                "retired_pending",
+            )?,
+        ))
     }
-    // Links numbered at or above `nvlink_active_links` are down.
-    let up = g.value("nvlink_active_links", sim.now()).map_or(true, |n| f64::from(link) < n);
-    Ok(put(active, c_uint::from(up)))
-});
+);
 
-export!(fn nvmlDeviceGetNvLinkErrorCounter(device: nvmlDevice_t, link: c_uint, counter: c_uint, value: *mut c_ulonglong) {
-    let (sim, g) = gpu(device, "nvmlDeviceGetNvLinkErrorCounter")?;
-    if link >= g.nvlink_count {
-        return Err(ERROR_INVALID_ARGUMENT);
+export!(
+    fn nvmlDeviceGetRemappedRows(
+        device: nvmlDevice_t,
+        corr: *mut c_uint,
+        unc: *mut c_uint,
+        pending: *mut c_uint,
+        failure: *mut c_uint,
+    ) {
+        let c = "nvmlDeviceGetRemappedRows";
+        let (a, b, p, f) = (
+            vu(c, device, "remap_correctable")?,
+            vu(c, device, "remap_uncorrectable")?,
+            vu(c, device, "remap_pending")?,
+            vu(c, device, "remap_failure")?,
+        );
+        put(corr, a);
+        put(unc, b);
+        put(pending, p);
+        Ok(put(failure, f))
     }
-    let key = match counter {
-        0 => "nvlink_replay",
-        1 => "nvlink_recovery",
-        2 => "nvlink_crc_flit",
-        3 => "nvlink_crc_data",
-        _ => return Err(ERROR_INVALID_ARGUMENT),
-    };
-    Ok(put(value, crate::state::value(sim, g, key)?.max(0.0) as c_ulonglong))
-});
+);
+
+export!(
+    fn nvmlDeviceGetPcieThroughput(device: nvmlDevice_t, counter: c_uint, value: *mut c_uint) {
+        let key = match counter {
+            0 => "pcie_tx_kbps",
+            1 => "pcie_rx_kbps",
+            _ => return Err(ERROR_INVALID_ARGUMENT),
+        };
+        Ok(put(value, vu("nvmlDeviceGetPcieThroughput", device, key)?))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetPcieReplayCounter(device: nvmlDevice_t, value: *mut c_uint) {
+        Ok(put(
+            value,
+            vu("nvmlDeviceGetPcieReplayCounter", device, "pcie_replay")?,
+        ))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetCurrPcieLinkGeneration(device: nvmlDevice_t, value: *mut c_uint) {
+        Ok(put(
+            value,
+            vu("nvmlDeviceGetCurrPcieLinkGeneration", device, "pcie_gen")?,
+        ))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetCurrPcieLinkWidth(device: nvmlDevice_t, value: *mut c_uint) {
+        Ok(put(
+            value,
+            vu("nvmlDeviceGetCurrPcieLinkWidth", device, "pcie_width")?,
+        ))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetMaxPcieLinkGeneration(device: nvmlDevice_t, value: *mut c_uint) {
+        Ok(put(
+            value,
+            vu("nvmlDeviceGetMaxPcieLinkGeneration", device, "pcie_max_gen")?,
+        ))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetMaxPcieLinkWidth(device: nvmlDevice_t, value: *mut c_uint) {
+        Ok(put(
+            value,
+            vu("nvmlDeviceGetMaxPcieLinkWidth", device, "pcie_max_width")?,
+        ))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetNvLinkState(device: nvmlDevice_t, link: c_uint, active: *mut c_uint) {
+        let (sim, g) = gpu(device, "nvmlDeviceGetNvLinkState")?;
+        if link >= g.nvlink_count {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        // Links numbered at or above `nvlink_active_links` are down.
+        let up = g
+            .value("nvlink_active_links", sim.now())
+            .is_none_or(|n| f64::from(link) < n);
+        Ok(put(active, c_uint::from(up)))
+    }
+);
+
+export!(
+    fn nvmlDeviceGetNvLinkErrorCounter(
+        device: nvmlDevice_t,
+        link: c_uint,
+        counter: c_uint,
+        value: *mut c_ulonglong,
+    ) {
+        let (sim, g) = gpu(device, "nvmlDeviceGetNvLinkErrorCounter")?;
+        if link >= g.nvlink_count {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let key = match counter {
+            0 => "nvlink_replay",
+            1 => "nvlink_recovery",
+            2 => "nvlink_crc_flit",
+            3 => "nvlink_crc_data",
+            _ => return Err(ERROR_INVALID_ARGUMENT),
+        };
+        Ok(put(
+            value,
+            crate::state::value(sim, g, key)?.max(0.0) as c_ulonglong,
+        ))
+    }
+);
 
 /// Field ids the simulator answers (nvml.h numbering).
 const FI_MEMORY_TEMP: u32 = 82;
@@ -355,42 +603,48 @@ const FI_RECOVERY_ACTION: u32 = 230;
 const VALUE_UINT: u32 = 1;
 const VALUE_ULL: u32 = 3;
 
-export!(fn nvmlDeviceGetFieldValues(device: nvmlDevice_t, count: c_int, values: *mut nvmlFieldValue_t) {
-    let (sim, g) = gpu(device, "nvmlDeviceGetFieldValues")?;
-    if values.is_null() || count < 0 {
-        return Err(ERROR_INVALID_ARGUMENT);
-    }
-    let now = sim.now();
-    let ts = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0);
-    // SAFETY: the caller passes `count` entries at `values`.
-    let fields = std::slice::from_raw_parts_mut(values, count as usize);
-    for f in fields {
-        f.timestamp = ts;
-        f.latencyUsec = 0;
-        let link_ok = f.scopeId < g.nvlink_count || f.scopeId == u32::MAX;
-        let (kind, val) = match f.fieldId {
-            FI_MEMORY_TEMP => (VALUE_UINT, g.value("temp_memory", now)),
-            FI_NVLINK_LINK_COUNT => (VALUE_UINT, Some(f64::from(g.nvlink_count))),
-            FI_NVLINK_TX if link_ok && g.nvlink_count > 0 => (VALUE_ULL, g.value("nvlink_tx_kib", now)),
-            FI_NVLINK_RX if link_ok && g.nvlink_count > 0 => (VALUE_ULL, g.value("nvlink_rx_kib", now)),
-            FI_RECOVERY_ACTION => (VALUE_UINT, g.value("recovery_action", now)),
-            _ => (VALUE_UINT, None),
-        };
-        f.valueType = kind;
-        match val {
-            Some(x) if kind == VALUE_ULL => {
-                f.nvmlReturn = SUCCESS;
-                f.value.ullVal = x.max(0.0) as u64;
-            }
-            Some(x) => {
-                f.nvmlReturn = SUCCESS;
-                f.value.uiVal = x.max(0.0) as u32;
-            }
-            None => f.nvmlReturn = ERROR_NOT_SUPPORTED,
+export!(
+    fn nvmlDeviceGetFieldValues(device: nvmlDevice_t, count: c_int, values: *mut nvmlFieldValue_t) {
+        let (sim, g) = gpu(device, "nvmlDeviceGetFieldValues")?;
+        if values.is_null() || count < 0 {
+            return Err(ERROR_INVALID_ARGUMENT);
         }
+        let now = sim.now();
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        // SAFETY: the caller passes `count` entries at `values`.
+        let fields = std::slice::from_raw_parts_mut(values, count as usize);
+        for f in fields {
+            f.timestamp = ts;
+            f.latencyUsec = 0;
+            let link_ok = f.scopeId < g.nvlink_count || f.scopeId == u32::MAX;
+            let (kind, val) = match f.fieldId {
+                FI_MEMORY_TEMP => (VALUE_UINT, g.value("temp_memory", now)),
+                FI_NVLINK_LINK_COUNT => (VALUE_UINT, Some(f64::from(g.nvlink_count))),
+                FI_NVLINK_TX if link_ok && g.nvlink_count > 0 => {
+                    (VALUE_ULL, g.value("nvlink_tx_kib", now))
+                }
+                FI_NVLINK_RX if link_ok && g.nvlink_count > 0 => {
+                    (VALUE_ULL, g.value("nvlink_rx_kib", now))
+                }
+                FI_RECOVERY_ACTION => (VALUE_UINT, g.value("recovery_action", now)),
+                _ => (VALUE_UINT, None),
+            };
+            f.valueType = kind;
+            match val {
+                Some(x) if kind == VALUE_ULL => {
+                    f.nvmlReturn = SUCCESS;
+                    f.value.ullVal = x.max(0.0) as u64;
+                }
+                Some(x) => {
+                    f.nvmlReturn = SUCCESS;
+                    f.value.uiVal = x.max(0.0) as u32;
+                }
+                None => f.nvmlReturn = ERROR_NOT_SUPPORTED,
+            }
+        }
+        Ok(SUCCESS)
     }
-    Ok(SUCCESS)
-});
+);

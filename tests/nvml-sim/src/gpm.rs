@@ -2,7 +2,9 @@
 
 use std::os::raw::{c_char, c_uint};
 
-use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlGpmMetricsGet_t, nvmlGpmSample_t, nvmlGpmSupport_t, nvmlReturn_t};
+use nvml_wrapper_sys::bindings::{
+    nvmlDevice_t, nvmlGpmMetricsGet_t, nvmlGpmSample_t, nvmlGpmSupport_t, nvmlReturn_t,
+};
 
 use crate::state::*;
 use crate::system::export;
@@ -30,19 +32,26 @@ const METRICS: &[(u32, &str, &std::ffi::CStr, &std::ffi::CStr)] = &[
     (61, "gpm_nvlink_tx_mibps", c"NVLINK_TOTAL_TX", c"MiB/sec"),
 ];
 
-export!(fn nvmlGpmQueryDeviceSupport(device: nvmlDevice_t, support: *mut nvmlGpmSupport_t) {
-    let (_, g) = gpu(device, "nvmlGpmQueryDeviceSupport")?;
-    if support.is_null() {
-        return Err(ERROR_INVALID_ARGUMENT);
+export!(
+    fn nvmlGpmQueryDeviceSupport(device: nvmlDevice_t, support: *mut nvmlGpmSupport_t) {
+        let (_, g) = gpu(device, "nvmlGpmQueryDeviceSupport")?;
+        if support.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        (*support).isSupportedDevice = c_uint::from(g.gpm_supported);
+        Ok(SUCCESS)
     }
-    (*support).isSupportedDevice = c_uint::from(g.gpm_supported);
-    Ok(SUCCESS)
-});
+);
 
-export!(fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) {
-    sim()?;
-    Ok(put(sample, Box::into_raw(Box::new(Sample { t: 0.0, gpu: None })).cast()))
-});
+export!(
+    fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) {
+        sim()?;
+        Ok(put(
+            sample,
+            Box::into_raw(Box::new(Sample { t: 0.0, gpu: None })).cast(),
+        ))
+    }
+);
 
 /// # Safety
 /// `sample` must come from `nvmlGpmSampleAlloc` and not be used afterwards.
@@ -55,48 +64,52 @@ pub unsafe extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlRetur
     SUCCESS
 }
 
-export!(fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t) {
-    let (sim, g) = gpu(device, "nvmlGpmSampleGet")?;
-    if !g.gpm_supported {
-        return Err(ERROR_NOT_SUPPORTED);
-    }
-    if sample.is_null() {
-        return Err(ERROR_INVALID_ARGUMENT);
-    }
-    let s = &mut *sample.cast::<Sample>();
-    s.t = sim.now();
-    s.gpu = Some(g.index);
-    Ok(SUCCESS)
-});
-
-export!(fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) {
-    let sim = sim()?;
-    if request.is_null() {
-        return Err(ERROR_INVALID_ARGUMENT);
-    }
-    let r = &mut *request;
-    if r.sample1.is_null() || r.sample2.is_null() || r.numMetrics as usize > r.metrics.len() {
-        return Err(ERROR_INVALID_ARGUMENT);
-    }
-    let (s1, s2) = (&*r.sample1.cast::<Sample>(), &*r.sample2.cast::<Sample>());
-    let g = match (s1.gpu, s2.gpu) {
-        (Some(a), Some(b)) if a == b && s2.t > s1.t => &sim.gpus[a as usize],
-        _ => return Err(ERROR_INVALID_ARGUMENT),
-    };
-    for m in r.metrics.iter_mut().take(r.numMetrics as usize) {
-        match METRICS.iter().find(|(id, ..)| *id == m.metricId) {
-            Some((_, key, short, unit)) => match g.value(key, s2.t) {
-                Some(v) => {
-                    m.nvmlReturn = SUCCESS;
-                    m.value = v;
-                    m.metricInfo.shortName = short.as_ptr() as *mut c_char;
-                    m.metricInfo.longName = short.as_ptr() as *mut c_char;
-                    m.metricInfo.unit = unit.as_ptr() as *mut c_char;
-                }
-                None => m.nvmlReturn = ERROR_NOT_SUPPORTED,
-            },
-            None => m.nvmlReturn = ERROR_NOT_SUPPORTED,
+export!(
+    fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t) {
+        let (sim, g) = gpu(device, "nvmlGpmSampleGet")?;
+        if !g.gpm_supported {
+            return Err(ERROR_NOT_SUPPORTED);
         }
+        if sample.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let s = &mut *sample.cast::<Sample>();
+        s.t = sim.now();
+        s.gpu = Some(g.index);
+        Ok(SUCCESS)
     }
-    Ok(SUCCESS)
-});
+);
+
+export!(
+    fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) {
+        let sim = sim()?;
+        if request.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let r = &mut *request;
+        if r.sample1.is_null() || r.sample2.is_null() || r.numMetrics as usize > r.metrics.len() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let (s1, s2) = (&*r.sample1.cast::<Sample>(), &*r.sample2.cast::<Sample>());
+        let g = match (s1.gpu, s2.gpu) {
+            (Some(a), Some(b)) if a == b && s2.t > s1.t => &sim.gpus[a as usize],
+            _ => return Err(ERROR_INVALID_ARGUMENT),
+        };
+        for m in r.metrics.iter_mut().take(r.numMetrics as usize) {
+            match METRICS.iter().find(|(id, ..)| *id == m.metricId) {
+                Some((_, key, short, unit)) => match g.value(key, s2.t) {
+                    Some(v) => {
+                        m.nvmlReturn = SUCCESS;
+                        m.value = v;
+                        m.metricInfo.shortName = short.as_ptr() as *mut c_char;
+                        m.metricInfo.longName = short.as_ptr() as *mut c_char;
+                        m.metricInfo.unit = unit.as_ptr() as *mut c_char;
+                    }
+                    None => m.nvmlReturn = ERROR_NOT_SUPPORTED,
+                },
+                None => m.nvmlReturn = ERROR_NOT_SUPPORTED,
+            }
+        }
+        Ok(SUCCESS)
+    }
+);

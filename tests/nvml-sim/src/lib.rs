@@ -29,10 +29,15 @@
 //! Symbols that an old driver lacks are left out of the `legacy` feature build: `dlsym` cannot
 //! be made to fail at run time, so an "old driver" is a second build of this library.
 
+#![allow(
+    clippy::allow_attributes,
+    reason = "export! cannot know whether a body has unsafe operations"
+)]
+
+mod device;
+#[cfg(not(feature = "legacy"))]
+mod gpm;
+mod procs;
 pub mod scenario;
 pub mod state;
 mod system;
-mod device;
-mod procs;
-#[cfg(not(feature = "legacy"))]
-mod gpm;

@@ -227,7 +227,11 @@ impl ValueSpec {
                 }
             }
             ValueSpec::Sine(s) => {
-                let period = if s.period_secs > 0.0 { s.period_secs } else { 1.0 };
+                let period = if s.period_secs > 0.0 {
+                    s.period_secs
+                } else {
+                    1.0
+                };
                 s.mean + s.amplitude * (t * std::f64::consts::TAU / period).sin()
             }
         }
@@ -274,7 +278,9 @@ impl Scenario {
     /// Reads a scenario file, applying its `base` chain.
     pub fn load(path: &std::path::Path) -> Result<Self, String> {
         let table = load_table(path, 0)?;
-        table.try_into().map_err(|e: toml::de::Error| format!("{}: {e}", path.display()))
+        table
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("{}: {e}", path.display()))
     }
 
     /// The GPUs with `[defaults]` and `[[gpus]]` merged.
@@ -302,15 +308,35 @@ impl Scenario {
                 };
                 Gpu {
                     index: i,
-                    name: o.name.or(d.name.clone()).unwrap_or_else(|| "NVIDIA H100 80GB HBM3".into()),
-                    uuid: o.uuid.or_else(|| d.uuid.clone().filter(|_| self.gpu_count == 1)).unwrap_or_else(|| {
-                        format!("GPU-{seed:08x}-{i:04x}-4{i:03x}-8000-{:012x}", u64::from(seed) * 31 + u64::from(i))
-                    }),
-                    serial: o.serial.or_else(|| d.serial.clone().filter(|_| self.gpu_count == 1)).unwrap_or_else(|| format!("{}", 1_650_000_000_000u64 + u64::from(seed) * 100 + u64::from(i))),
+                    name: o
+                        .name
+                        .or(d.name.clone())
+                        .unwrap_or_else(|| "NVIDIA H100 80GB HBM3".into()),
+                    uuid: o
+                        .uuid
+                        .or_else(|| d.uuid.clone().filter(|_| self.gpu_count == 1))
+                        .unwrap_or_else(|| {
+                            format!(
+                                "GPU-{seed:08x}-{i:04x}-4{i:03x}-8000-{:012x}",
+                                u64::from(seed) * 31 + u64::from(i)
+                            )
+                        }),
+                    serial: o
+                        .serial
+                        .or_else(|| d.serial.clone().filter(|_| self.gpu_count == 1))
+                        .unwrap_or_else(|| {
+                            format!(
+                                "{}",
+                                1_650_000_000_000u64 + u64::from(seed) * 100 + u64::from(i)
+                            )
+                        }),
                     pci_bus: o.pci_bus.or(d.pci_bus.map(|b| b + i)).unwrap_or(0x10 + i),
                     pci_device_id: o.pci_device_id.or(d.pci_device_id).unwrap_or(0x2330_10de),
                     minor_number: o.minor_number.unwrap_or(i),
-                    vbios_version: o.vbios_version.or(d.vbios_version.clone()).unwrap_or_else(|| "96.00.74.00.01".into()),
+                    vbios_version: o
+                        .vbios_version
+                        .or(d.vbios_version.clone())
+                        .unwrap_or_else(|| "96.00.74.00.01".into()),
                     num_fans: o.num_fans.or(d.num_fans).unwrap_or(0),
                     nvlink_count: o.nvlink_count.or(d.nvlink_count).unwrap_or(0),
                     gpm_supported: o.gpm_supported.or(d.gpm_supported).unwrap_or(false),
@@ -327,11 +353,20 @@ fn load_table(path: &std::path::Path, depth: usize) -> Result<toml::Table, Strin
     if depth > 8 {
         return Err(format!("{}: `base` chain is too deep", path.display()));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut table: toml::Table = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let Some(base) = table.remove("base") else { return Ok(table) };
-    let base = base.as_str().ok_or_else(|| format!("{}: `base` must be a file name", path.display()))?;
-    let base_path = path.parent().unwrap_or(std::path::Path::new(".")).join(base);
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let Some(base) = table.remove("base") else {
+        return Ok(table);
+    };
+    let base = base
+        .as_str()
+        .ok_or_else(|| format!("{}: `base` must be a file name", path.display()))?;
+    let base_path = path
+        .parent()
+        .unwrap_or(std::path::Path::new("."))
+        .join(base);
     let mut merged = load_table(&base_path, depth + 1)?;
     merge(&mut merged, table);
     Ok(merged)
@@ -355,13 +390,25 @@ mod tests {
 
     #[test]
     fn value_functions() {
-        let ramp = ValueSpec::Ramp(Ramp { from: 10.0, to: 20.0, over_secs: 10.0 });
+        let ramp = ValueSpec::Ramp(Ramp {
+            from: 10.0,
+            to: 20.0,
+            over_secs: 10.0,
+        });
         assert_eq!(ramp.at(5.0), 15.0);
         assert_eq!(ramp.at(50.0), 20.0);
-        let step = ValueSpec::Step(Step { before: 1.0, after: 2.0, at_secs: 3.0 });
+        let step = ValueSpec::Step(Step {
+            before: 1.0,
+            after: 2.0,
+            at_secs: 3.0,
+        });
         assert_eq!(step.at(2.9), 1.0);
         assert_eq!(step.at(3.0), 2.0);
-        let sine = ValueSpec::Sine(Sine { mean: 50.0, amplitude: 10.0, period_secs: 4.0 });
+        let sine = ValueSpec::Sine(Sine {
+            mean: 50.0,
+            amplitude: 10.0,
+            period_secs: 4.0,
+        });
         assert!((sine.at(1.0) - 60.0).abs() < 1e-9);
     }
 

@@ -22,7 +22,11 @@ pub const ERROR_UNKNOWN: nvmlReturn_t = 999;
 pub const SCENARIO_ENV: &str = "JUNCTION_NVML_SIM_SCENARIO";
 
 /// The build variant of this library.
-pub const VARIANT: &str = if cfg!(feature = "legacy") { "legacy" } else { "current" };
+pub const VARIANT: &str = if cfg!(feature = "legacy") {
+    "legacy"
+} else {
+    "current"
+};
 
 /// Everything the simulator knows.
 pub struct Sim {
@@ -38,7 +42,8 @@ static SIM: OnceLock<Result<Sim, String>> = OnceLock::new();
 fn load() -> Result<Sim, String> {
     let path = std::env::var(SCENARIO_ENV)
         .map_err(|_| format!("nvml-sim: {SCENARIO_ENV} is not set; point it at a scenario file"))?;
-    let scenario = Scenario::load(std::path::Path::new(&path)).map_err(|e| format!("nvml-sim: {e}"))?;
+    let scenario =
+        Scenario::load(std::path::Path::new(&path)).map_err(|e| format!("nvml-sim: {e}"))?;
     if scenario.driver.variant != VARIANT {
         return Err(format!(
             "nvml-sim: {path} wants the {:?} library build but this is the {VARIANT:?} build",
@@ -47,7 +52,13 @@ fn load() -> Result<Sim, String> {
     }
     let gpus = scenario.resolve();
     let events = vec![false; scenario.events.len()];
-    Ok(Sim { scenario, gpus, start: Instant::now(), calls: Mutex::new(HashMap::new()), delivered_events: Mutex::new(events) })
+    Ok(Sim {
+        scenario,
+        gpus,
+        start: Instant::now(),
+        calls: Mutex::new(HashMap::new()),
+        delivered_events: Mutex::new(events),
+    })
 }
 
 /// Loads the scenario on first use; later calls return the same state.
@@ -86,7 +97,10 @@ impl Sim {
             *c
         };
         for f in &self.scenario.faults {
-            if (f.call != "*" && f.call != call) || f.gpu.is_some_and(|g| g != gpu) || t < f.from_secs {
+            if (f.call != "*" && f.call != call)
+                || f.gpu.is_some_and(|g| g != gpu)
+                || t < f.from_secs
+            {
                 continue;
             }
             match f.kind.as_str() {
@@ -128,7 +142,10 @@ pub fn mig_handle(gpu: u32, mig: u32) -> nvmlDevice_t {
 }
 
 /// Resolves a handle and applies faults for `call`.
-pub fn device(handle: nvmlDevice_t, call: &'static str) -> Result<(&'static Sim, Target<'static>), nvmlReturn_t> {
+pub fn device(
+    handle: nvmlDevice_t,
+    call: &'static str,
+) -> Result<(&'static Sim, Target<'static>), nvmlReturn_t> {
     let sim = sim()?;
     let raw = handle as usize;
     let gpu_index = (raw >> 16).checked_sub(1).ok_or(ERROR_INVALID_ARGUMENT)?;
@@ -147,7 +164,10 @@ pub fn device(handle: nvmlDevice_t, call: &'static str) -> Result<(&'static Sim,
 }
 
 /// Resolves a handle that must be a full GPU (not a MIG device).
-pub fn gpu(handle: nvmlDevice_t, call: &'static str) -> Result<(&'static Sim, &'static Gpu), nvmlReturn_t> {
+pub fn gpu(
+    handle: nvmlDevice_t,
+    call: &'static str,
+) -> Result<(&'static Sim, &'static Gpu), nvmlReturn_t> {
     match device(handle, call)? {
         (sim, Target::Gpu(g)) => Ok((sim, g)),
         _ => Err(ERROR_NOT_SUPPORTED),

@@ -18,11 +18,18 @@ pub struct Derived {
 
 impl Derived {
     /// Computes the derived samples of a snapshot.
-    pub fn new(gpus: &[GpuSlot], driver: Option<&DriverInfo>, sources: &[(&'static str, bool)]) -> Self {
+    pub fn new(
+        gpus: &[GpuSlot],
+        driver: Option<&DriverInfo>,
+        sources: &[(&'static str, bool)],
+    ) -> Self {
         let per_gpu = gpus.iter().map(|g| status_samples(g, driver)).collect();
         let mut node = Vec::new();
         for (source, up) in sources {
-            node.push(Sample::new(Metric::SourceUp, f64::from(u8::from(*up))).with("junction.source", *source));
+            node.push(
+                Sample::new(Metric::SourceUp, f64::from(u8::from(*up)))
+                    .with("junction.source", *source),
+            );
         }
         for g in gpus {
             for (stage, n) in &g.errors {
@@ -56,7 +63,11 @@ impl<'a> Families<'a> {
 
     /// Every metric with samples, in registry order.
     pub fn iter(&self) -> impl Iterator<Item = (usize, &[(&'a str, &'a Sample)])> {
-        self.by_metric.iter().enumerate().filter(|(_, v)| !v.is_empty()).map(|(i, v)| (i, v.as_slice()))
+        self.by_metric
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(i, v)| (i, v.as_slice()))
     }
 }
 
@@ -127,9 +138,15 @@ mod tests {
     #[test]
     fn renders_families_with_hw_id_and_escaped_labels() {
         let model = Model::new();
-        let slot = model.add_gpu(GpuInfo { uuid: "GPU-1".into(), name: "A \"quoted\" GPU".into(), ..Default::default() });
+        let slot = model.add_gpu(GpuInfo {
+            uuid: "GPU-1".into(),
+            name: "A \"quoted\" GPU".into(),
+            ..Default::default()
+        });
         crate::model::lock(&slot).groups[crate::model::Group::Power.index()] =
-            std::sync::Arc::new(vec![Sample::new(Metric::Power, 612.5).with("hw.type", "gpu")]);
+            std::sync::Arc::new(vec![
+                Sample::new(Metric::Power, 612.5).with("hw.type", "gpu"),
+            ]);
         let snap = model.snapshot();
         let derived = Derived::new(&snap, None, &[("nvml", true)]);
         let fam = Families::new(&snap, &derived);
@@ -137,7 +154,13 @@ mod tests {
         render(&fam, &mut out);
         assert!(out.contains("# TYPE hw_power_watts gauge\nhw_power_watts{hw_id=\"GPU-1\",hw_type=\"gpu\"} 612.5\n"), "{out}");
         assert!(out.contains("hw_name=\"A \\\"quoted\\\" GPU\""), "{out}");
-        assert!(out.contains("hw_status{hw_id=\"GPU-1\",hw_type=\"gpu\",hw_state=\"ok\"} 1\n"), "{out}");
-        assert!(out.contains("junction_source_up{junction_source=\"nvml\"} 1\n"), "{out}");
+        assert!(
+            out.contains("hw_status{hw_id=\"GPU-1\",hw_type=\"gpu\",hw_state=\"ok\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("junction_source_up{junction_source=\"nvml\"} 1\n"),
+            "{out}"
+        );
     }
 }

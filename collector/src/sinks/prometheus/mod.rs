@@ -30,24 +30,37 @@ pub fn render(model: &Model) -> String {
 }
 
 async fn metrics(State(model): State<Arc<Model>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], render(&model))
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        render(&model),
+    )
 }
 
 async fn healthz(State(model): State<Arc<Model>>) -> impl IntoResponse {
     let sources = model.sources();
-    let down: Vec<&str> = sources.iter().filter(|(_, up)| !**up).map(|(s, _)| *s).collect();
+    let down: Vec<&str> = sources
+        .iter()
+        .filter(|(_, up)| !**up)
+        .map(|(s, _)| *s)
+        .collect();
     if down.is_empty() {
         (StatusCode::OK, "ok\n".to_string())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("sources down: {}\n", down.join(", ")))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("sources down: {}\n", down.join(", ")),
+        )
     }
 }
 
 /// Binds the listener (so that a bad address fails at start-up).
 pub async fn bind(listen: &str) -> Result<tokio::net::TcpListener, std::io::Error> {
-    let addr: SocketAddr = listen
-        .parse()
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{listen:?}: {e}")))?;
+    let addr: SocketAddr = listen.parse().map_err(|e| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{listen:?}: {e}"))
+    })?;
     tokio::net::TcpListener::bind(addr).await
 }
 
@@ -57,6 +70,11 @@ pub async fn serve(
     model: Arc<Model>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz)).with_state(model);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(model);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
 }

@@ -4,14 +4,14 @@
 use std::os::raw::c_uint;
 
 use nvml_wrapper::enum_wrappers::device::{
-    Clock, EccCounter, MemoryError, PcieUtilCounter, PerformancePolicy, RetirementCause, TemperatureSensor,
-    TemperatureThreshold,
+    Clock, EccCounter, MemoryError, PcieUtilCounter, PerformancePolicy, RetirementCause,
+    TemperatureSensor, TemperatureThreshold,
 };
 use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
-use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper_sys::bindings::nvmlFieldValue_t;
@@ -67,10 +67,14 @@ fn utilization(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
         out.push(Sample::new(Metric::MemoryUtilization, pct(u.memory)));
     }
     if let Some(u) = ctx.call("encoder_utilization", |d| d.encoder_utilization())? {
-        out.push(Sample::new(Metric::Utilization, pct(u.utilization)).with("hw.gpu.task", "encoder"));
+        out.push(
+            Sample::new(Metric::Utilization, pct(u.utilization)).with("hw.gpu.task", "encoder"),
+        );
     }
     if let Some(u) = ctx.call("decoder_utilization", |d| d.decoder_utilization())? {
-        out.push(Sample::new(Metric::Utilization, pct(u.utilization)).with("hw.gpu.task", "decoder"));
+        out.push(
+            Sample::new(Metric::Utilization, pct(u.utilization)).with("hw.gpu.task", "decoder"),
+        );
     }
     Ok(())
 }
@@ -105,8 +109,16 @@ fn memory_info_v1(
     nvml: &nvml_wrapper::Nvml,
     d: &nvml_wrapper::Device<'_>,
 ) -> Result<nvml_wrapper_sys::bindings::nvmlMemory_t, NvmlError> {
-    let sym = nvml.lib().nvmlDeviceGetMemoryInfo.as_ref().map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
-    let mut m = nvml_wrapper_sys::bindings::nvmlMemory_t { total: 0, free: 0, used: 0 };
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetMemoryInfo
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let mut m = nvml_wrapper_sys::bindings::nvmlMemory_t {
+        total: 0,
+        free: 0,
+        used: 0,
+    };
     // SAFETY: `d.handle()` is a live handle from this library; `m` is a valid out-pointer.
     let rc = unsafe { sym(d.handle(), &mut m) };
     nvml_wrapper::error::nvml_try(rc)?;
@@ -118,14 +130,30 @@ fn power(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
         out.push(Sample::new(Metric::Power, f64::from(mw) / 1000.0).with("hw.type", "gpu"));
     }
     if let Some(mw) = ctx.call("power_limit_enforced", |d| d.enforced_power_limit())? {
-        out.push(Sample::new(Metric::PowerLimit, f64::from(mw) / 1000.0).with("gpu.power.limit_type", "enforced"));
+        out.push(
+            Sample::new(Metric::PowerLimit, f64::from(mw) / 1000.0)
+                .with("gpu.power.limit_type", "enforced"),
+        );
     }
-    if let Some(mw) = ctx.call("power_limit_default", |d| d.power_management_limit_default())? {
-        out.push(Sample::new(Metric::PowerLimit, f64::from(mw) / 1000.0).with("gpu.power.limit_type", "default"));
+    if let Some(mw) = ctx.call("power_limit_default", |d| {
+        d.power_management_limit_default()
+    })? {
+        out.push(
+            Sample::new(Metric::PowerLimit, f64::from(mw) / 1000.0)
+                .with("gpu.power.limit_type", "default"),
+        );
     }
-    if let Some(c) = ctx.call("power_limit_constraints", |d| d.power_management_limit_constraints())? {
-        out.push(Sample::new(Metric::PowerLimit, f64::from(c.min_limit) / 1000.0).with("gpu.power.limit_type", "min"));
-        out.push(Sample::new(Metric::PowerLimit, f64::from(c.max_limit) / 1000.0).with("gpu.power.limit_type", "max"));
+    if let Some(c) = ctx.call("power_limit_constraints", |d| {
+        d.power_management_limit_constraints()
+    })? {
+        out.push(
+            Sample::new(Metric::PowerLimit, f64::from(c.min_limit) / 1000.0)
+                .with("gpu.power.limit_type", "min"),
+        );
+        out.push(
+            Sample::new(Metric::PowerLimit, f64::from(c.max_limit) / 1000.0)
+                .with("gpu.power.limit_type", "max"),
+        );
     }
     if let Some(mj) = ctx.call("energy", |d| d.total_energy_consumption())? {
         out.push(Sample::new(Metric::Energy, mj as f64 / 1000.0).with("hw.type", "gpu"));
@@ -135,20 +163,47 @@ fn power(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
 
 fn temperature(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
     if let Some(t) = ctx.call("temperature_gpu", |d| d.temperature(TemperatureSensor::Gpu))? {
-        out.push(Sample::new(Metric::Temperature, f64::from(t)).with("hw.sensor_location", "gpu_die"));
+        out.push(
+            Sample::new(Metric::Temperature, f64::from(t)).with("hw.sensor_location", "gpu_die"),
+        );
     }
     if let Some(v) = field(ctx, "temperature_memory", FI_MEMORY_TEMP)? {
         if v > 0.0 && v <= MAX_PLAUSIBLE_CELSIUS {
-            out.push(Sample::new(Metric::Temperature, v).with("hw.sensor_location", "memory_junction"));
+            out.push(
+                Sample::new(Metric::Temperature, v).with("hw.sensor_location", "memory_junction"),
+            );
         } else {
-            ctx.implausible("temperature_memory", format!("implausible memory-junction temperature {v} °C"));
+            ctx.implausible(
+                "temperature_memory",
+                format!("implausible memory-junction temperature {v} °C"),
+            );
         }
     }
     let thresholds = [
-        ("temperature_threshold_slowdown", TemperatureThreshold::Slowdown, "gpu_die", "slowdown"),
-        ("temperature_threshold_shutdown", TemperatureThreshold::Shutdown, "gpu_die", "shutdown"),
-        ("temperature_threshold_gpu_max", TemperatureThreshold::GpuMax, "gpu_die", "max_operating"),
-        ("temperature_threshold_memory_max", TemperatureThreshold::MemoryMax, "memory_junction", "max_operating"),
+        (
+            "temperature_threshold_slowdown",
+            TemperatureThreshold::Slowdown,
+            "gpu_die",
+            "slowdown",
+        ),
+        (
+            "temperature_threshold_shutdown",
+            TemperatureThreshold::Shutdown,
+            "gpu_die",
+            "shutdown",
+        ),
+        (
+            "temperature_threshold_gpu_max",
+            TemperatureThreshold::GpuMax,
+            "gpu_die",
+            "max_operating",
+        ),
+        (
+            "temperature_threshold_memory_max",
+            TemperatureThreshold::MemoryMax,
+            "memory_junction",
+            "max_operating",
+        ),
     ];
     for (feature, kind, location, limit) in thresholds {
         if let Some(t) = ctx.call(feature, |d| d.temperature_threshold(kind))? {
@@ -170,7 +225,9 @@ fn temperature(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
 
 /// Reads one device-scoped field value as f64.
 fn field(ctx: &mut Ctx<'_>, feature: &'static str, id: u32) -> Result<Option<f64>, Lost> {
-    let Some(mut values) = ctx.call(feature, |d| d.field_values_for(&[FieldId(id)]))? else { return Ok(None) };
+    let Some(mut values) = ctx.call(feature, |d| d.field_values_for(&[FieldId(id)]))? else {
+        return Ok(None);
+    };
     match values.pop().map(|s| s.and_then(|s| s.value)) {
         Some(Ok(v)) => Ok(Some(sample_value(v))),
         Some(Err(e)) => ctx.failed(feature, e).map(|()| None),
@@ -189,21 +246,32 @@ fn sample_value(v: SampleValue) -> f64 {
 
 fn clocks(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
     let domains = [
-        ("clock_graphics", "max_clock_graphics", Clock::Graphics, "graphics"),
+        (
+            "clock_graphics",
+            "max_clock_graphics",
+            Clock::Graphics,
+            "graphics",
+        ),
         ("clock_sm", "max_clock_sm", Clock::SM, "sm"),
         ("clock_memory", "max_clock_memory", Clock::Memory, "memory"),
         ("clock_video", "max_clock_video", Clock::Video, "video"),
     ];
     for (cur, max, clock, name) in domains {
-        if let Some(mhz) = ctx.call(cur, |d| d.clock_info(clock.clone()))? {
-            out.push(Sample::new(Metric::ClockFrequency, f64::from(mhz) * 1e6).with("gpu.clock.domain", name));
+        if let Some(mhz) = ctx.call(cur, |d| d.clock_info(clock))? {
+            out.push(
+                Sample::new(Metric::ClockFrequency, f64::from(mhz) * 1e6)
+                    .with("gpu.clock.domain", name),
+            );
         }
-        if let Some(mhz) = ctx.call(max, |d| d.max_clock_info(clock.clone()))? {
-            out.push(Sample::new(Metric::ClockMaxFrequency, f64::from(mhz) * 1e6).with("gpu.clock.domain", name));
+        if let Some(mhz) = ctx.call(max, |d| d.max_clock_info(clock))? {
+            out.push(
+                Sample::new(Metric::ClockMaxFrequency, f64::from(mhz) * 1e6)
+                    .with("gpu.clock.domain", name),
+            );
         }
     }
     if let Some(p) = ctx.call("performance_state", |d| d.performance_state())? {
-        out.push(Sample::new(Metric::PerformanceState, f64::from(p.as_c() as u32)));
+        out.push(Sample::new(Metric::PerformanceState, f64::from(p.as_c())));
     }
     if let Some(r) = ctx.call("clock_event_reasons", |d| d.current_throttle_reasons())? {
         let bits = r.bits();
@@ -214,11 +282,15 @@ fn clocks(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
             );
         }
     }
-    for (feature, policy, name) in
-        [("violation_power", PerformancePolicy::Power, "power"), ("violation_thermal", PerformancePolicy::Thermal, "thermal")]
-    {
+    for (feature, policy, name) in [
+        ("violation_power", PerformancePolicy::Power, "power"),
+        ("violation_thermal", PerformancePolicy::Thermal, "thermal"),
+    ] {
         if let Some(v) = ctx.call(feature, |d| d.violation_status(policy))? {
-            out.push(Sample::new(Metric::ViolationTime, v.violation_time as f64 / 1e9).with("gpu.violation.type", name));
+            out.push(
+                Sample::new(Metric::ViolationTime, v.violation_time as f64 / 1e9)
+                    .with("gpu.violation.type", name),
+            );
         }
     }
     Ok(())
@@ -239,10 +311,34 @@ pub const CLOCK_EVENT_REASONS: &[(u64, &str)] = &[
 
 fn errors(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
     let ecc = [
-        ("ecc_corrected_volatile", MemoryError::Corrected, EccCounter::Volatile, "corrected", "volatile"),
-        ("ecc_uncorrected_volatile", MemoryError::Uncorrected, EccCounter::Volatile, "uncorrected", "volatile"),
-        ("ecc_corrected_aggregate", MemoryError::Corrected, EccCounter::Aggregate, "corrected", "aggregate"),
-        ("ecc_uncorrected_aggregate", MemoryError::Uncorrected, EccCounter::Aggregate, "uncorrected", "aggregate"),
+        (
+            "ecc_corrected_volatile",
+            MemoryError::Corrected,
+            EccCounter::Volatile,
+            "corrected",
+            "volatile",
+        ),
+        (
+            "ecc_uncorrected_volatile",
+            MemoryError::Uncorrected,
+            EccCounter::Volatile,
+            "uncorrected",
+            "volatile",
+        ),
+        (
+            "ecc_corrected_aggregate",
+            MemoryError::Corrected,
+            EccCounter::Aggregate,
+            "corrected",
+            "aggregate",
+        ),
+        (
+            "ecc_uncorrected_aggregate",
+            MemoryError::Uncorrected,
+            EccCounter::Aggregate,
+            "uncorrected",
+            "aggregate",
+        ),
     ];
     for (feature, kind, counter, ty, scope) in ecc {
         if let Some(n) = ctx.call(feature, |d| d.total_ecc_errors(kind, counter))? {
@@ -255,28 +351,60 @@ fn errors(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
         }
     }
     for (feature, cause, name) in [
-        ("retired_pages_sbe", RetirementCause::MultipleSingleBitEccErrors, "multiple_single_bit"),
-        ("retired_pages_dbe", RetirementCause::DoubleBitEccError, "double_bit"),
+        (
+            "retired_pages_sbe",
+            RetirementCause::MultipleSingleBitEccErrors,
+            "multiple_single_bit",
+        ),
+        (
+            "retired_pages_dbe",
+            RetirementCause::DoubleBitEccError,
+            "double_bit",
+        ),
     ] {
         if let Some(p) = ctx.call(feature, |d| d.retired_pages(cause))? {
-            out.push(Sample::new(Metric::RetiredPages, p.len() as f64).with("gpu.retirement.cause", name));
+            out.push(
+                Sample::new(Metric::RetiredPages, p.len() as f64)
+                    .with("gpu.retirement.cause", name),
+            );
         }
     }
     if let Some(p) = ctx.call("retired_pages_pending", |d| d.are_pages_pending_retired())? {
         out.push(Sample::new(Metric::RetiredPending, f64::from(u8::from(p))));
     }
     let nvml = ctx.nvml;
-    if let Some((corr, unc, pending, failure)) = ctx.call("remapped_rows", |d| remapped_rows(nvml, d))? {
-        out.push(Sample::new(Metric::RemappedRows, f64::from(corr)).with("gpu.remap.type", "correctable"));
-        out.push(Sample::new(Metric::RemappedRows, f64::from(unc)).with("gpu.remap.type", "uncorrectable"));
-        out.push(Sample::new(Metric::RemapPending, f64::from(u8::from(pending != 0))));
-        out.push(Sample::new(Metric::RemapFailure, f64::from(u8::from(failure != 0))));
+    if let Some((corr, unc, pending, failure)) =
+        ctx.call("remapped_rows", |d| remapped_rows(nvml, d))?
+    {
+        out.push(
+            Sample::new(Metric::RemappedRows, f64::from(corr))
+                .with("gpu.remap.type", "correctable"),
+        );
+        out.push(
+            Sample::new(Metric::RemappedRows, f64::from(unc))
+                .with("gpu.remap.type", "uncorrectable"),
+        );
+        out.push(Sample::new(
+            Metric::RemapPending,
+            f64::from(u8::from(pending != 0)),
+        ));
+        out.push(Sample::new(
+            Metric::RemapFailure,
+            f64::from(u8::from(failure != 0)),
+        ));
     }
     if let Some(v) = field(ctx, "recovery_action", FI_RECOVERY_ACTION)? {
         let current = v as u32;
-        for (code, name) in [(0, "none"), (1, "gpu_reset"), (2, "node_reboot"), (3, "drain_p2p"), (4, "drain_and_reset")] {
+        for (code, name) in [
+            (0, "none"),
+            (1, "gpu_reset"),
+            (2, "node_reboot"),
+            (3, "drain_p2p"),
+            (4, "drain_and_reset"),
+        ] {
             out.push(
-                Sample::new(Metric::RecoveryAction, f64::from(u8::from(current == code))).with("gpu.recovery_action", name),
+                Sample::new(Metric::RecoveryAction, f64::from(u8::from(current == code)))
+                    .with("gpu.recovery_action", name),
             );
         }
     }
@@ -287,7 +415,11 @@ fn remapped_rows(
     nvml: &nvml_wrapper::Nvml,
     d: &nvml_wrapper::Device<'_>,
 ) -> Result<(c_uint, c_uint, c_uint, c_uint), NvmlError> {
-    let sym = nvml.lib().nvmlDeviceGetRemappedRows.as_ref().map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetRemappedRows
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
     let (mut a, mut b, mut p, mut f) = (0, 0, 0, 0);
     // SAFETY: a live handle from this library and four valid out-pointers.
     let rc = unsafe { sym(d.handle(), &mut a, &mut b, &mut p, &mut f) };
@@ -296,11 +428,15 @@ fn remapped_rows(
 }
 
 fn pcie(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
-    for (feature, counter, dir) in
-        [("pcie_throughput_tx", PcieUtilCounter::Send, "transmit"), ("pcie_throughput_rx", PcieUtilCounter::Receive, "receive")]
-    {
+    for (feature, counter, dir) in [
+        ("pcie_throughput_tx", PcieUtilCounter::Send, "transmit"),
+        ("pcie_throughput_rx", PcieUtilCounter::Receive, "receive"),
+    ] {
         if let Some(kib) = ctx.call(feature, |d| d.pcie_throughput(counter))? {
-            out.push(Sample::new(Metric::PcieThroughput, f64::from(kib) * 1024.0).with("network.io.direction", dir));
+            out.push(
+                Sample::new(Metric::PcieThroughput, f64::from(kib) * 1024.0)
+                    .with("network.io.direction", dir),
+            );
         }
     }
     if let Some(n) = ctx.call("pcie_replay", |d| d.pcie_replay_counter())? {
@@ -327,15 +463,22 @@ fn pcie(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
 }
 
 fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
-    let Some(links) = field(ctx, "nvlink", FI_NVLINK_LINK_COUNT)? else { return Ok(()) };
+    let Some(links) = field(ctx, "nvlink", FI_NVLINK_LINK_COUNT)? else {
+        return Ok(());
+    };
     let links = (links as u32).min(MAX_NVLINKS);
     let nvml = ctx.nvml;
     for link in 0..links {
         let name = link.to_string();
         if let Some(up) = ctx.call("nvlink_state", |d| d.link_wrapper_for(link).is_active())? {
-            out.push(Sample::new(Metric::NvlinkState, f64::from(u8::from(up))).with("gpu.nvlink.link", name.clone()));
+            out.push(
+                Sample::new(Metric::NvlinkState, f64::from(u8::from(up)))
+                    .with("gpu.nvlink.link", name.clone()),
+            );
         }
-        if let Some((tx, rx)) = ctx.call("nvlink_throughput", |d| nvlink_throughput(nvml, d, link))? {
+        if let Some((tx, rx)) =
+            ctx.call("nvlink_throughput", |d| nvlink_throughput(nvml, d, link))?
+        {
             for (v, dir) in [(tx, "transmit"), (rx, "receive")] {
                 out.push(
                     Sample::new(Metric::NvlinkIo, v as f64 * 1024.0)
@@ -350,7 +493,9 @@ fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
             (ErrorCounter::DlCrcFlit, "crc_flit"),
             (ErrorCounter::DlCrcData, "crc_data"),
         ] {
-            if let Some(n) = ctx.call("nvlink_errors", |d| d.link_wrapper_for(link).error_counter(counter))? {
+            if let Some(n) = ctx.call("nvlink_errors", |d| {
+                d.link_wrapper_for(link).error_counter(counter)
+            })? {
                 out.push(
                     Sample::new(Metric::NvlinkErrors, n as f64)
                         .with("gpu.nvlink.link", name.clone())
@@ -364,8 +509,16 @@ fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
 
 /// Per-link TX/RX data counters (KiB): field values with `scopeId` = link, which
 /// `field_values_for` does not expose.
-fn nvlink_throughput(nvml: &nvml_wrapper::Nvml, d: &nvml_wrapper::Device<'_>, link: u32) -> Result<(u64, u64), NvmlError> {
-    let sym = nvml.lib().nvmlDeviceGetFieldValues.as_ref().map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+fn nvlink_throughput(
+    nvml: &nvml_wrapper::Nvml,
+    d: &nvml_wrapper::Device<'_>,
+    link: u32,
+) -> Result<(u64, u64), NvmlError> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetFieldValues
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
     // SAFETY: nvmlFieldValue_t is plain data; all-zero is a valid value.
     let mut values: [nvmlFieldValue_t; 2] = unsafe { std::mem::zeroed() };
     values[0].fieldId = FI_NVLINK_TX;
@@ -391,15 +544,18 @@ fn processes(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
     };
     let graphics = match ctx.call("graphics_processes", |d| d.running_graphics_processes())? {
         Some(p) => Some(p),
-        None if lock_disabled(ctx, "graphics_processes") => {
-            ctx.call("graphics_processes_v2", |d| d.running_graphics_processes_v2())?
-        }
+        None if lock_disabled(ctx, "graphics_processes") => ctx
+            .call("graphics_processes_v2", |d| {
+                d.running_graphics_processes_v2()
+            })?,
         None => None,
     };
     let mut all: Vec<(ProcessInfo, &'static str)> = Vec::new();
     for (list, kind) in [(compute, "compute"), (graphics, "graphics")] {
         if let Some(list) = list {
-            out.push(Sample::new(Metric::ProcessCount, list.len() as f64).with("gpu.process.type", kind));
+            out.push(
+                Sample::new(Metric::ProcessCount, list.len() as f64).with("gpu.process.type", kind),
+            );
             all.extend(list.into_iter().map(|p| (p, kind)));
         }
     }
@@ -428,8 +584,12 @@ fn processes(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
             for u in samples.iter().filter(|u| live.contains(&u.pid)) {
                 ctx.last_process_sample = ctx.last_process_sample.max(u.timestamp);
                 let name = process_name(ctx, u.pid);
-                for (v, task) in [(u.sm_util, "general"), (u.mem_util, "memory"), (u.enc_util, "encoder"), (u.dec_util, "decoder")]
-                {
+                for (v, task) in [
+                    (u.sm_util, "general"),
+                    (u.mem_util, "memory"),
+                    (u.enc_util, "encoder"),
+                    (u.dec_util, "decoder"),
+                ] {
                     out.push(
                         Sample::new(Metric::ProcessUtilization, pct(v))
                             .with("process.pid", u.pid.to_string())
@@ -458,7 +618,9 @@ fn process_name(ctx: &mut Ctx<'_>, pid: u32) -> String {
 }
 
 fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
-    let Some(mode) = ctx.call("mig", |d| d.mig_mode())? else { return Ok(()) };
+    let Some(mode) = ctx.call("mig", |d| d.mig_mode())? else {
+        return Ok(());
+    };
     let enabled = mode.current == 1;
     out.push(Sample::new(Metric::MigMode, f64::from(u8::from(enabled))));
     if !enabled {
@@ -486,12 +648,14 @@ fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
                 .with("gpu.mig.compute_instance_id", ci.clone())
         };
         let mem = m.memory_info().or_else(|e| match e {
-            NvmlError::FailedToLoadSymbol(_) => memory_info_v1(nvml, &m).map(|v| nvml_wrapper::struct_wrappers::device::MemoryInfo {
-                free: v.free,
-                reserved: 0,
-                total: v.total,
-                used: v.used,
-                version: 1,
+            NvmlError::FailedToLoadSymbol(_) => memory_info_v1(nvml, &m).map(|v| {
+                nvml_wrapper::struct_wrappers::device::MemoryInfo {
+                    free: v.free,
+                    reserved: 0,
+                    total: v.total,
+                    used: v.used,
+                    version: 1,
+                }
             }),
             e => Err(e),
         });
@@ -502,7 +666,10 @@ fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
             }
             Err(e) => ctx.failed("mig_memory", e)?,
         }
-        match m.running_compute_processes().or_else(|_| m.running_compute_processes_v2()) {
+        match m
+            .running_compute_processes()
+            .or_else(|_| m.running_compute_processes_v2())
+        {
             Ok(p) => out.push(tag(Sample::new(Metric::MigProcesses, p.len() as f64))),
             Err(e) => ctx.failed("mig_processes", e)?,
         }
@@ -511,9 +678,17 @@ fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
 }
 
 /// GPU instance id (`gpu = true`) or compute instance id of a MIG device.
-fn mig_id(nvml: &nvml_wrapper::Nvml, m: &nvml_wrapper::Device<'_>, gpu: bool) -> Result<u32, NvmlError> {
+fn mig_id(
+    nvml: &nvml_wrapper::Nvml,
+    m: &nvml_wrapper::Device<'_>,
+    gpu: bool,
+) -> Result<u32, NvmlError> {
     let lib = nvml.lib();
-    let sym = if gpu { lib.nvmlDeviceGetGpuInstanceId.as_ref() } else { lib.nvmlDeviceGetComputeInstanceId.as_ref() };
+    let sym = if gpu {
+        lib.nvmlDeviceGetGpuInstanceId.as_ref()
+    } else {
+        lib.nvmlDeviceGetComputeInstanceId.as_ref()
+    };
     let sym = sym.map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
     let mut id = 0;
     // SAFETY: a live MIG handle and a valid out-pointer.
@@ -521,20 +696,78 @@ fn mig_id(nvml: &nvml_wrapper::Nvml, m: &nvml_wrapper::Device<'_>, gpu: bool) ->
     Ok(id)
 }
 
-const GPM_METRICS: &[(GpmMetricId, Metric, Option<(&str, &str)>, f64)] = &[
+/// A GPM metric: its id, where it goes, an attribute, and the factor to the registry unit.
+type GpmMapping = (
+    GpmMetricId,
+    Metric,
+    Option<(&'static str, &'static str)>,
+    f64,
+);
+
+const GPM_METRICS: &[GpmMapping] = &[
     (GpmMetricId::SmUtil, Metric::GpmSmActivity, None, 0.01),
     (GpmMetricId::SmOccupancy, Metric::GpmSmOccupancy, None, 0.01),
-    (GpmMetricId::GraphicsUtil, Metric::GpmGraphicsActivity, None, 0.01),
-    (GpmMetricId::AnyTensorUtil, Metric::GpmPipeActivity, Some(("gpu.pipe", "tensor")), 0.01),
-    (GpmMetricId::DfmaTensorUtil, Metric::GpmPipeActivity, Some(("gpu.pipe", "tensor_dfma")), 0.01),
-    (GpmMetricId::Fp64Util, Metric::GpmPipeActivity, Some(("gpu.pipe", "fp64")), 0.01),
-    (GpmMetricId::Fp32Util, Metric::GpmPipeActivity, Some(("gpu.pipe", "fp32")), 0.01),
-    (GpmMetricId::Fp16Util, Metric::GpmPipeActivity, Some(("gpu.pipe", "fp16")), 0.01),
+    (
+        GpmMetricId::GraphicsUtil,
+        Metric::GpmGraphicsActivity,
+        None,
+        0.01,
+    ),
+    (
+        GpmMetricId::AnyTensorUtil,
+        Metric::GpmPipeActivity,
+        Some(("gpu.pipe", "tensor")),
+        0.01,
+    ),
+    (
+        GpmMetricId::DfmaTensorUtil,
+        Metric::GpmPipeActivity,
+        Some(("gpu.pipe", "tensor_dfma")),
+        0.01,
+    ),
+    (
+        GpmMetricId::Fp64Util,
+        Metric::GpmPipeActivity,
+        Some(("gpu.pipe", "fp64")),
+        0.01,
+    ),
+    (
+        GpmMetricId::Fp32Util,
+        Metric::GpmPipeActivity,
+        Some(("gpu.pipe", "fp32")),
+        0.01,
+    ),
+    (
+        GpmMetricId::Fp16Util,
+        Metric::GpmPipeActivity,
+        Some(("gpu.pipe", "fp16")),
+        0.01,
+    ),
     (GpmMetricId::DramBwUtil, Metric::GpmDramActivity, None, 0.01),
-    (GpmMetricId::PcieTxPerSec, Metric::GpmPcieThroughput, Some(("network.io.direction", "transmit")), 1048576.0),
-    (GpmMetricId::PcieRxPerSec, Metric::GpmPcieThroughput, Some(("network.io.direction", "receive")), 1048576.0),
-    (GpmMetricId::NvlinkTotalTxPerSec, Metric::GpmNvlinkThroughput, Some(("network.io.direction", "transmit")), 1048576.0),
-    (GpmMetricId::NvlinkTotalRxPerSec, Metric::GpmNvlinkThroughput, Some(("network.io.direction", "receive")), 1048576.0),
+    (
+        GpmMetricId::PcieTxPerSec,
+        Metric::GpmPcieThroughput,
+        Some(("network.io.direction", "transmit")),
+        1048576.0,
+    ),
+    (
+        GpmMetricId::PcieRxPerSec,
+        Metric::GpmPcieThroughput,
+        Some(("network.io.direction", "receive")),
+        1048576.0,
+    ),
+    (
+        GpmMetricId::NvlinkTotalTxPerSec,
+        Metric::GpmNvlinkThroughput,
+        Some(("network.io.direction", "transmit")),
+        1048576.0,
+    ),
+    (
+        GpmMetricId::NvlinkTotalRxPerSec,
+        Metric::GpmNvlinkThroughput,
+        Some(("network.io.direction", "receive")),
+        1048576.0,
+    ),
 ];
 
 fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
@@ -552,12 +785,14 @@ fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
         ctx.gpm.prev = ctx.call("gpm", |d| d.gpm_sample())?;
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let Some(next) = ctx.call("gpm", |d| d.gpm_sample())? else { return Ok(()) };
+    let Some(next) = ctx.call("gpm", |d| d.gpm_sample())? else {
+        return Ok(());
+    };
     let Some(prev) = ctx.gpm.prev.take() else {
         ctx.gpm.prev = Some(next);
         return Ok(());
     };
-    let ids: Vec<GpmMetricId> = GPM_METRICS.iter().map(|m| m.0.clone()).collect();
+    let ids: Vec<GpmMetricId> = GPM_METRICS.iter().map(|m| m.0).collect();
     let nvml = ctx.nvml;
     let results = ctx.call("gpm", |_| gpm_metrics_get(nvml, &prev, &next, &ids))?;
     ctx.gpm.prev = Some(next);

@@ -85,7 +85,10 @@ config_section! {
 
 impl GroupConfig {
     fn every(secs: u64) -> Self {
-        Self { enabled: true, interval_secs: secs }
+        Self {
+            enabled: true,
+            interval_secs: secs,
+        }
     }
 }
 
@@ -114,7 +117,11 @@ impl GroupsConfig {
             .iter()
             .filter_map(|&g| {
                 let (c, default) = self.get(g)?;
-                let secs = if c.interval_secs == 0 { default } else { c.interval_secs };
+                let secs = if c.interval_secs == 0 {
+                    default
+                } else {
+                    c.interval_secs
+                };
                 c.enabled.then(|| (g, Duration::from_secs(secs)))
             })
             .collect()
@@ -150,13 +157,16 @@ impl NvmlConfig {
             });
         }
         for g in Group::ALL {
-            if let Some((c, _)) = self.groups.get(g) {
-                if c.interval_secs > 86_400 {
-                    out.push(Invalid {
-                        key: format!("{prefix}.groups.{}.interval_secs", g.name()),
-                        message: format!("{} is more than a day; use 1 to 86400 (0 = default)", c.interval_secs),
-                    });
-                }
+            if let Some((c, _)) = self.groups.get(g)
+                && c.interval_secs > 86_400
+            {
+                out.push(Invalid {
+                    key: format!("{prefix}.groups.{}.interval_secs", g.name()),
+                    message: format!(
+                        "{} is more than a day; use 1 to 86400 (0 = default)",
+                        c.interval_secs
+                    ),
+                });
             }
         }
     }
@@ -193,7 +203,10 @@ impl NvmlSource {
         let nvml = Nvml::builder()
             .lib_path(OsStr::new(&config.library))
             .init()
-            .map_err(|source| BuildError::Init { library: config.library.clone(), source })?;
+            .map_err(|source| BuildError::Init {
+                library: config.library.clone(),
+                source,
+            })?;
         let driver = DriverInfo {
             driver_version: nvml.sys_driver_version().unwrap_or_default(),
             cuda_version: nvml
@@ -211,7 +224,12 @@ impl NvmlSource {
         }
         tracing::info!(gpus = count, library = %config.library, "NVML source ready");
         model.set_source_up("nvml", true);
-        Ok(Self { nvml: Arc::new(nvml), config: config.clone(), model, gpus })
+        Ok(Self {
+            nvml: Arc::new(nvml),
+            config: config.clone(),
+            model,
+            gpus,
+        })
     }
 
     /// Starts one thread per GPU and the deadline watchdog.
@@ -224,7 +242,9 @@ impl NvmlSource {
     pub fn collect_once(self) -> Arc<Model> {
         let shutdown = Shutdown::default();
         let workers = worker::start(self.nvml, &self.config, self.gpus, shutdown.clone(), true);
-        workers.wait_once(Duration::from_millis(self.config.call_timeout_ms) * 4 + Duration::from_secs(1));
+        workers.wait_once(
+            Duration::from_millis(self.config.call_timeout_ms) * 4 + Duration::from_secs(1),
+        );
         shutdown.trigger();
         self.model
     }
@@ -232,13 +252,19 @@ impl NvmlSource {
 
 /// Reads a GPU's identity; what cannot be read is left empty.
 fn read_identity(nvml: &Nvml, index: u32) -> GpuInfo {
-    let mut info = GpuInfo { index, ..GpuInfo::default() };
+    let mut info = GpuInfo {
+        index,
+        ..GpuInfo::default()
+    };
     match nvml.device_by_index(index) {
         Ok(d) => {
             info.uuid = d.uuid().unwrap_or_else(|_| format!("unknown-{index}"));
             info.name = d.name().unwrap_or_default();
             info.serial = d.serial().ok();
-            info.pci_bus_id = d.pci_info().map(|p| normalise_bus_id(&p.bus_id)).unwrap_or_default();
+            info.pci_bus_id = d
+                .pci_info()
+                .map(|p| normalise_bus_id(&p.bus_id))
+                .unwrap_or_default();
             info.minor_number = d.minor_number().ok();
             info.vbios = d.vbios_version().ok();
         }

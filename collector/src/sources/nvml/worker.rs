@@ -34,7 +34,11 @@ impl Shutdown {
     /// Sleeps for `d` or until shutdown; returns true if shutting down.
     pub fn sleep(&self, d: Duration) -> bool {
         let guard = lock(&self.0.0);
-        let (guard, _) = self.0.1.wait_timeout_while(guard, d, |stop| !*stop).unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = self
+            .0
+            .1
+            .wait_timeout_while(guard, d, |stop| !*stop)
+            .unwrap_or_else(|e| e.into_inner());
         *guard
     }
 }
@@ -44,6 +48,9 @@ impl Shutdown {
 struct Busy {
     call: Option<(&'static str, Instant)>,
 }
+
+/// A GPU slot and the call its worker is in.
+type Watched = (Arc<Mutex<GpuSlot>>, Arc<Mutex<Busy>>);
 
 /// GPU is lost: stop this cycle.
 pub struct Lost;
@@ -97,8 +104,12 @@ impl<'n> Ctx<'n> {
     pub fn failed(&mut self, feature: &'static str, e: NvmlError) -> Result<(), Lost> {
         match e {
             NvmlError::NotSupported => self.disable(feature, "NOT_SUPPORTED on this GPU".into()),
-            NvmlError::FailedToLoadSymbol(s) => self.disable(feature, format!("not in this driver's NVML ({s})")),
-            NvmlError::FunctionNotFound => self.disable(feature, "not in this driver's NVML".into()),
+            NvmlError::FailedToLoadSymbol(s) => {
+                self.disable(feature, format!("not in this driver's NVML ({s})"))
+            }
+            NvmlError::FunctionNotFound => {
+                self.disable(feature, "not in this driver's NVML".into())
+            }
             NvmlError::GpuLost => return Err(Lost),
             e => {
                 *lock(&self.slot).errors.entry(feature).or_insert(0) += 1;
@@ -187,35 +198,63 @@ pub fn start(
     for (index, slot) in slots.into_iter().enumerate() {
         let busy = Arc::new(Mutex::new(Busy::default()));
         watched.push((slot.clone(), busy.clone()));
-        let (nvml, schedule, shutdown, done) = (nvml.clone(), schedule.clone(), shutdown.clone(), done.clone());
+        let (nvml, schedule, shutdown, done) = (
+            nvml.clone(),
+            schedule.clone(),
+            shutdown.clone(),
+            done.clone(),
+        );
         let max_processes = config.max_processes_per_gpu as usize;
         let retry_max = Duration::from_secs(config.lost_retry_max_secs.max(1));
-        let spawned = std::thread::Builder::new().name(format!("nvml-gpu{index}")).spawn(move || {
-            run_gpu(&nvml, index as u32, slot, busy, &schedule, max_processes, retry_max, &shutdown, once, &done);
-        });
+        let spawned = std::thread::Builder::new()
+            .name(format!("nvml-gpu{index}"))
+            .spawn(move || {
+                run_gpu(
+                    &nvml,
+                    index as u32,
+                    slot,
+                    busy,
+                    &schedule,
+                    max_processes,
+                    retry_max,
+                    &shutdown,
+                    once,
+                    &done,
+                );
+            });
         match spawned {
             Ok(h) => handles.push(h),
-            Err(e) => tracing::error!(gpu = index, error = %e, "cannot start the NVML thread for this GPU"),
+            Err(e) => {
+                tracing::error!(gpu = index, error = %e, "cannot start the NVML thread for this GPU")
+            }
         }
     }
     if !once {
         let shutdown = shutdown.clone();
-        let spawned = std::thread::Builder::new().name("nvml-watchdog".into()).spawn(move || {
-            while !shutdown.sleep(Duration::from_millis(100)) {
-                watchdog(&watched, timeout);
-            }
-        });
+        let spawned = std::thread::Builder::new()
+            .name("nvml-watchdog".into())
+            .spawn(move || {
+                while !shutdown.sleep(Duration::from_millis(100)) {
+                    watchdog(&watched, timeout);
+                }
+            });
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the NVML watchdog");
         }
     }
-    Workers { handles, done, shutdown }
+    Workers {
+        handles,
+        done,
+        shutdown,
+    }
 }
 
 /// Marks GPUs whose current call has run past `timeout` as stuck (one log line each time).
-fn watchdog(watched: &[(Arc<Mutex<GpuSlot>>, Arc<Mutex<Busy>>)], timeout: Duration) {
+fn watchdog(watched: &[Watched], timeout: Duration) {
     for (slot, busy) in watched {
-        let Some((call, since)) = lock(busy).call else { continue };
+        let Some((call, since)) = lock(busy).call else {
+            continue;
+        };
         if since.elapsed() < timeout {
             continue;
         }
@@ -225,7 +264,10 @@ fn watchdog(watched: &[(Arc<Mutex<GpuSlot>>, Arc<Mutex<Busy>>)], timeout: Durati
             s.timeouts += 1;
             if s.state == HealthState::Ok {
                 s.state = HealthState::Degraded;
-                s.reason = Some(format!("NVML call {call} did not return within {} ms", timeout.as_millis()));
+                s.reason = Some(format!(
+                    "NVML call {call} did not return within {} ms",
+                    timeout.as_millis()
+                ));
             }
             tracing::error!(gpu = %s.info.uuid, call, timeout_ms = timeout.as_millis() as u64,
                 "NVML call is stuck past its deadline; this GPU's metrics are stale, the others keep updating");
@@ -233,7 +275,10 @@ fn watchdog(watched: &[(Arc<Mutex<GpuSlot>>, Arc<Mutex<Busy>>)], timeout: Durati
     }
 }
 
-#[expect(clippy::too_many_arguments, reason = "the thread entry point takes its whole context")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the thread entry point takes its whole context"
+)]
 fn run_gpu(
     nvml: &Nvml,
     index: u32,
@@ -316,7 +361,11 @@ fn run_gpu(
                 return;
             }
         }
-        let next = due.iter().min().copied().unwrap_or(now + Duration::from_secs(1));
+        let next = due
+            .iter()
+            .min()
+            .copied()
+            .unwrap_or(now + Duration::from_secs(1));
         if shutdown.sleep(next.saturating_duration_since(Instant::now())) {
             break;
         }
