@@ -99,8 +99,8 @@ pub fn bpf_toolchain() -> Result<String> {
 
 /// Everything `cargo xtask test` needs besides the BPF toolchain.
 pub fn test_dependencies() -> Result<TestEnv> {
-    // promtool (prometheus), python3-venv for the pynvml venv.
-    apt(&["prometheus", "python3-venv"])?;
+    // promtool comes with Debian's prometheus package.
+    apt(&["prometheus"])?;
     let venv = root().join("target/venv");
     let python = venv.join("bin/python");
     if !python.exists() {
