@@ -12,14 +12,20 @@ use aya::programs::TracePoint;
 use junction_common::{FILTER_TGID_GLOBAL, IOCTL_COUNTS_MAP, IOCTL_PROGRAM};
 
 fn skip(why: &str) {
-    assert!(std::env::var_os("CI").is_none(), "{why} (CI must run the privileged tests)");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{why} (CI must run the privileged tests)"
+    );
     eprintln!("SKIPPED: {why}");
 }
 
 fn object() -> PathBuf {
-    std::env::var_os("JUNCTION_BPF_OBJECT").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../collector-ebpf/target/bpfel-unknown-none/release/junction-ebpf")
-    })
+    std::env::var_os("JUNCTION_BPF_OBJECT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../collector-ebpf/target/bpfel-unknown-none/release/junction-ebpf")
+        })
 }
 
 /// tracefs is not mounted on a fresh machine; tracepoint attach needs it.
@@ -27,8 +33,13 @@ fn ensure_tracefs() {
     if Path::new("/sys/kernel/tracing/events").exists() {
         return;
     }
-    let status = std::process::Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]).status();
-    assert!(status.is_ok_and(|s| s.success()), "cannot mount tracefs on /sys/kernel/tracing");
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+        .status();
+    assert!(
+        status.is_ok_and(|s| s.success()),
+        "cannot mount tracefs on /sys/kernel/tracing"
+    );
 }
 
 #[test]
@@ -39,7 +50,10 @@ fn bpf_program_counts_this_process_ioctls() {
         return skip("not root: loading BPF programs needs CAP_BPF and CAP_PERFMON");
     }
     if !obj.exists() {
-        return skip(&format!("{} is missing: run `cargo xtask build-ebpf`", obj.display()));
+        return skip(&format!(
+            "{} is missing: run `cargo xtask build-ebpf`",
+            obj.display()
+        ));
     }
     ensure_tracefs();
     let bytes = std::fs::read(&obj).expect("read BPF object");
@@ -48,10 +62,14 @@ fn bpf_program_counts_this_process_ioctls() {
         .override_global(FILTER_TGID_GLOBAL, &pid, true)
         .load(&bytes)
         .expect("load the BPF object");
-    let prog: &mut TracePoint =
-        bpf.program_mut(IOCTL_PROGRAM).expect("program").try_into().expect("a tracepoint program");
+    let prog: &mut TracePoint = bpf
+        .program_mut(IOCTL_PROGRAM)
+        .expect("program")
+        .try_into()
+        .expect("a tracepoint program");
     prog.load().expect("verifier accepts the program");
-    prog.attach("syscalls", "sys_enter_ioctl").expect("attach to sys_enter_ioctl");
+    prog.attach("syscalls", "sys_enter_ioctl")
+        .expect("attach to sys_enter_ioctl");
 
     let null = std::fs::File::open("/dev/null").expect("open /dev/null");
     for _ in 0..1000 {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, nvml_sim, root, run as run_cmd, setup, sim_config};
+use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 
 /// What one measured process did.
 struct Measurement {
@@ -38,7 +38,7 @@ pub fn run(smoke: bool) -> Result<()> {
     } else {
         Duration::from_secs(60)
     };
-    nvml_sim()?;
+    nvml_sim_profile(!smoke)?;
     let profile = if smoke { "debug" } else { "release" };
     let mut build = cargo();
     build.args(["build", "--quiet", "-p", "junction"]);
@@ -102,6 +102,8 @@ pub fn run(smoke: bool) -> Result<()> {
     if !smoke {
         std::fs::write(root().join("BENCHMARKS.md"), report)?;
         println!("wrote BENCHMARKS.md");
+        // Leave the debug simulator in place for the tests.
+        crate::nvml_sim()?;
     }
     Ok(())
 }
@@ -225,7 +227,8 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
         window.as_secs()
     ));
     out.push_str(
-        "Every NVML group at a 1 s interval against the NVML simulator (`tests/scenarios/`), `/metrics` scraped\n\
+        "Every NVML group at a 1 s interval against the NVML simulator (`tests/scenarios/`, a release build of\n\
+         `tests/nvml-sim` that runs inside the measured process, so its cost is counted), `/metrics` scraped\n\
          once a second by the benchmark. CPU is user + system time from `/proc/PID/stat` (10 ms ticks);\n\
          peak RSS is `VmHWM`. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
          `LD_LIBRARY_PATH`) at `--interval 1.0`.\n\n\

@@ -94,12 +94,23 @@ fn build_ebpf() -> Result<PathBuf> {
     Ok(obj)
 }
 
-/// Builds both simulator variants into `target/nvml-sim/{current,legacy}/libnvidia-ml.so.1`.
+/// Builds both simulator variants into `target/nvml-sim/{current,legacy}/libnvidia-ml.so.1`
+/// (debug builds; `release` for the benchmarks, where the simulator's own cost runs inside the
+/// measured process and must stay small).
 pub fn nvml_sim() -> Result<PathBuf> {
+    nvml_sim_profile(false)
+}
+
+/// [`nvml_sim`] with a choice of profile.
+pub fn nvml_sim_profile(release: bool) -> Result<PathBuf> {
     let out = root().join("target/nvml-sim");
+    let profile = if release { "release" } else { "debug" };
     for (variant, features) in [("legacy", Some("legacy")), ("current", None)] {
         let mut c = cargo();
         c.args(["build", "--quiet", "-p", "nvml-sim"]);
+        if release {
+            c.arg("--release");
+        }
         if let Some(f) = features {
             c.args(["--features", f]);
         }
@@ -109,7 +120,10 @@ pub fn nvml_sim() -> Result<PathBuf> {
         let dest = dir.join("libnvidia-ml.so.1");
         // Copy to a temporary name and rename, so that a running reader never sees half a file.
         let tmp = dir.join(".libnvidia-ml.so.1.tmp");
-        std::fs::copy(root().join("target/debug/libnvidia_ml.so"), &tmp)?;
+        std::fs::copy(
+            root().join("target").join(profile).join("libnvidia_ml.so"),
+            &tmp,
+        )?;
         std::fs::rename(&tmp, &dest)?;
     }
     Ok(out.join("current/libnvidia-ml.so.1"))

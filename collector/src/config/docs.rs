@@ -105,7 +105,8 @@ fn section(out: &mut String, table: &toml::Table, fields: &[FieldDoc], path: &st
 #[cfg(test)]
 mod tests {
     fn committed(path: &str) -> String {
-        std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))).unwrap_or_default()
+        std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR")))
+            .unwrap_or_default()
     }
 
     #[test]
@@ -126,7 +127,10 @@ mod tests {
 
     #[test]
     fn example_config_parses_to_the_defaults() {
-        let parsed = super::super::load::parse_str(&super::example_config(), std::path::Path::new("example"));
+        let parsed = super::super::load::parse_str(
+            &super::example_config(),
+            std::path::Path::new("example"),
+        );
         assert_eq!(parsed.ok(), Some(super::Config::default()));
     }
 }

@@ -1,6 +1,6 @@
 //! The simulator's global state: the scenario, the clock, handles and fault injection.
 
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,8 @@ pub struct Sim {
     pub scenario: Scenario,
     pub gpus: Vec<Gpu>,
     pub start: Instant,
-    calls: Mutex<HashMap<(&'static str, u32), u64>>,
+    /// Matching calls per fault, for `every`.
+    fault_calls: Vec<AtomicU64>,
     pub delivered_events: Mutex<Vec<bool>>,
 }
 
@@ -52,11 +53,12 @@ fn load() -> Result<Sim, String> {
     }
     let gpus = scenario.resolve();
     let events = vec![false; scenario.events.len()];
+    let fault_calls = scenario.faults.iter().map(|_| AtomicU64::new(0)).collect();
     Ok(Sim {
         scenario,
         gpus,
         start: Instant::now(),
-        calls: Mutex::new(HashMap::new()),
+        fault_calls,
         delivered_events: Mutex::new(events),
     })
 }
@@ -89,20 +91,18 @@ impl Sim {
     /// Applies the scenario's faults for `call` on GPU `gpu`: may sleep, hang forever or
     /// return an error code.
     pub fn faults(&self, call: &'static str, gpu: u32) -> Result<(), nvmlReturn_t> {
+        if self.scenario.faults.is_empty() {
+            return Ok(());
+        }
         let t = self.now();
-        let n = {
-            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-            let c = calls.entry((call, gpu)).or_insert(0);
-            *c += 1;
-            *c
-        };
-        for f in &self.scenario.faults {
+        for (f, calls) in self.scenario.faults.iter().zip(&self.fault_calls) {
             if (f.call != "*" && f.call != call)
                 || f.gpu.is_some_and(|g| g != gpu)
                 || t < f.from_secs
             {
                 continue;
             }
+            let n = calls.fetch_add(1, Ordering::Relaxed) + 1;
             match f.kind.as_str() {
                 "not_supported" => return Err(ERROR_NOT_SUPPORTED),
                 "gpu_lost" => return Err(ERROR_GPU_IS_LOST),

@@ -12,7 +12,7 @@ use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
-use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::struct_wrappers::device::{MemoryInfo, ProcessInfo};
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper_sys::bindings::nvmlFieldValue_t;
 
@@ -30,6 +30,11 @@ const FI_NVLINK_RX: u32 = 139;
 const FI_RECOVERY_ACTION: u32 = 230;
 /// NVML reports at most this many NVLink links.
 const MAX_NVLINKS: u32 = 18;
+/// Link indexes as attribute values, so that no sample allocates its link name.
+const LINK_NAMES: [&str; MAX_NVLINKS as usize] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    "17",
+];
 /// HBM readings above this are a known NVML defect (dcgm-exporter drops them too).
 const MAX_PLAUSIBLE_CELSIUS: f64 = 200.0;
 
@@ -85,7 +90,7 @@ fn memory(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
         out.push(Sample::new(Metric::MemoryLimit, m.total as f64));
         out.push(Sample::new(Metric::MemoryFree, m.free as f64));
         out.push(Sample::new(Metric::MemoryReserved, m.reserved as f64));
-    } else if lock_disabled(ctx, "memory_info_v2") {
+    } else if ctx.is_disabled("memory_info_v2") {
         // Old drivers: the v1 struct, which has no reserved field and counts it as used.
         let nvml = ctx.nvml;
         if let Some(m) = ctx.call("memory_info", |d| memory_info_v1(nvml, d))? {
@@ -99,10 +104,6 @@ fn memory(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
         out.push(Sample::new(Metric::Bar1Limit, b.total as f64));
     }
     Ok(())
-}
-
-fn lock_disabled(ctx: &Ctx<'_>, feature: &str) -> bool {
-    crate::model::lock(&ctx.slot).disabled.contains_key(feature)
 }
 
 fn memory_info_v1(
@@ -469,11 +470,11 @@ fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
     let links = (links as u32).min(MAX_NVLINKS);
     let nvml = ctx.nvml;
     for link in 0..links {
-        let name = link.to_string();
+        let name = LINK_NAMES.get(link as usize).copied().unwrap_or("?");
         if let Some(up) = ctx.call("nvlink_state", |d| d.link_wrapper_for(link).is_active())? {
             out.push(
                 Sample::new(Metric::NvlinkState, f64::from(u8::from(up)))
-                    .with("gpu.nvlink.link", name.clone()),
+                    .with("gpu.nvlink.link", name),
             );
         }
         if let Some((tx, rx)) =
@@ -482,7 +483,7 @@ fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
             for (v, dir) in [(tx, "transmit"), (rx, "receive")] {
                 out.push(
                     Sample::new(Metric::NvlinkIo, v as f64 * 1024.0)
-                        .with("gpu.nvlink.link", name.clone())
+                        .with("gpu.nvlink.link", name)
                         .with("network.io.direction", dir),
                 );
             }
@@ -498,7 +499,7 @@ fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
             })? {
                 out.push(
                     Sample::new(Metric::NvlinkErrors, n as f64)
-                        .with("gpu.nvlink.link", name.clone())
+                        .with("gpu.nvlink.link", name)
                         .with("gpu.nvlink.error.type", ty),
                 );
             }
@@ -537,14 +538,14 @@ fn nvlink_throughput(
 fn processes(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
     let compute = match ctx.call("compute_processes", |d| d.running_compute_processes())? {
         Some(p) => Some(p),
-        None if lock_disabled(ctx, "compute_processes") => {
+        None if ctx.is_disabled("compute_processes") => {
             ctx.call("compute_processes_v2", |d| d.running_compute_processes_v2())?
         }
         None => None,
     };
     let graphics = match ctx.call("graphics_processes", |d| d.running_graphics_processes())? {
         Some(p) => Some(p),
-        None if lock_disabled(ctx, "graphics_processes") => ctx
+        None if ctx.is_disabled("graphics_processes") => ctx
             .call("graphics_processes_v2", |d| {
                 d.running_graphics_processes_v2()
             })?,
@@ -568,7 +569,7 @@ fn processes(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
     let live: Vec<u32> = all.iter().map(|(p, _)| p.pid).collect();
     ctx.proc_names.retain(|pid, _| live.contains(pid));
     for (p, kind) in &all {
-        let name = process_name(ctx, p.pid);
+        let name = process_name(ctx, p.pid)?;
         let mut s = Sample::new(Metric::ProcessMemory, used(p) as f64)
             .with("process.pid", p.pid.to_string())
             .with("process.executable.name", name)
@@ -579,42 +580,56 @@ fn processes(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
         out.push(s);
     }
     let since = ctx.last_process_sample;
-    match ctx.dev.process_utilization_stats(since) {
-        Ok(samples) => {
-            for u in samples.iter().filter(|u| live.contains(&u.pid)) {
-                ctx.last_process_sample = ctx.last_process_sample.max(u.timestamp);
-                let name = process_name(ctx, u.pid);
-                for (v, task) in [
-                    (u.sm_util, "general"),
-                    (u.mem_util, "memory"),
-                    (u.enc_util, "encoder"),
-                    (u.dec_util, "decoder"),
-                ] {
-                    out.push(
-                        Sample::new(Metric::ProcessUtilization, pct(v))
-                            .with("process.pid", u.pid.to_string())
-                            .with("process.executable.name", name.clone())
-                            .with("hw.gpu.task", task),
-                    );
-                }
-            }
+    // NOT_FOUND: no samples since the last read, i.e. nothing ran.
+    let samples = ctx.call("process_utilization", |d| {
+        match d.process_utilization_stats(since) {
+            Err(NvmlError::NotFound) => Ok(Vec::new()),
+            r => r,
         }
-        // No samples since the last read: nothing ran.
-        Err(NvmlError::NotFound) => {}
-        Err(e) => ctx.failed("process_utilization", e)?,
+    })?;
+    for u in samples
+        .unwrap_or_default()
+        .iter()
+        .filter(|u| live.contains(&u.pid))
+    {
+        ctx.last_process_sample = ctx.last_process_sample.max(u.timestamp);
+        let name = process_name(ctx, u.pid)?;
+        for (v, task) in [
+            (u.sm_util, "general"),
+            (u.mem_util, "memory"),
+            (u.enc_util, "encoder"),
+            (u.dec_util, "decoder"),
+        ] {
+            out.push(
+                Sample::new(Metric::ProcessUtilization, pct(v))
+                    .with("process.pid", u.pid.to_string())
+                    .with("process.executable.name", name.clone())
+                    .with("hw.gpu.task", task),
+            );
+        }
     }
     Ok(())
 }
 
 /// The process name from NVML, cached per pid (bounded by the live process list).
-fn process_name(ctx: &mut Ctx<'_>, pid: u32) -> String {
+fn process_name(ctx: &mut Ctx<'_>, pid: u32) -> Result<String, Lost> {
     if let Some(n) = ctx.proc_names.get(&pid) {
-        return n.clone();
+        return Ok(n.clone());
     }
-    let name = ctx.nvml.sys_process_name(pid, 64).unwrap_or_default();
-    let name = name.rsplit('/').next().unwrap_or_default().to_string();
+    let nvml = ctx.nvml;
+    // NOT_FOUND: the process has exited since the list was read.
+    let name = ctx.call("process_name", |_| match nvml.sys_process_name(pid, 64) {
+        Err(NvmlError::NotFound) => Ok(String::new()),
+        r => r,
+    })?;
+    let name = name
+        .unwrap_or_default()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
     ctx.proc_names.insert(pid, name.clone());
-    name
+    Ok(name)
 }
 
 fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
@@ -630,48 +645,54 @@ fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
     let max = ctx.call("mig", |d| d.mig_device_count())?.unwrap_or(0);
     let nvml = ctx.nvml;
     for i in 0..max {
-        let m = match ctx.dev.mig_device_by_index(i) {
-            Ok(m) => m,
-            Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
-            Err(e) => {
-                ctx.failed("mig", e)?;
-                continue;
-            }
+        // NOT_FOUND / INVALID_ARGUMENT: no MIG device at this index.
+        let found = ctx.call("mig", |d| match d.mig_device_by_index(i) {
+            Err(NvmlError::NotFound | NvmlError::InvalidArg) => Ok(None),
+            r => r.map(Some),
+        })?;
+        let Some(m) = found.flatten() else { continue };
+        let Some(uuid) = ctx.call("mig", |_| m.uuid())? else {
+            continue;
         };
-        let Ok(uuid) = m.uuid() else { continue };
-        let gi = mig_id(nvml, &m, true).unwrap_or(u32::MAX).to_string();
-        let ci = mig_id(nvml, &m, false).unwrap_or(u32::MAX).to_string();
+        let gi = ctx
+            .call("mig", |_| mig_id(nvml, &m, true))?
+            .unwrap_or(u32::MAX)
+            .to_string();
+        let ci = ctx
+            .call("mig", |_| mig_id(nvml, &m, false))?
+            .unwrap_or(u32::MAX)
+            .to_string();
         let tag = |s: Sample| {
             s.with("hw.id", uuid.clone())
                 .with("hw.parent", parent.clone())
                 .with("gpu.mig.gpu_instance_id", gi.clone())
                 .with("gpu.mig.compute_instance_id", ci.clone())
         };
-        let mem = m.memory_info().or_else(|e| match e {
-            NvmlError::FailedToLoadSymbol(_) => memory_info_v1(nvml, &m).map(|v| {
-                nvml_wrapper::struct_wrappers::device::MemoryInfo {
+        let mem = ctx.call("mig_memory", |_| {
+            m.memory_info().or_else(|e| match e {
+                // Old drivers: the v1 struct.
+                NvmlError::FailedToLoadSymbol(_) => memory_info_v1(nvml, &m).map(|v| MemoryInfo {
                     free: v.free,
                     reserved: 0,
                     total: v.total,
                     used: v.used,
                     version: 1,
-                }
-            }),
-            e => Err(e),
-        });
-        match mem {
-            Ok(mem) => {
-                out.push(tag(Sample::new(Metric::MigMemoryUsage, mem.used as f64)));
-                out.push(tag(Sample::new(Metric::MigMemoryLimit, mem.total as f64)));
-            }
-            Err(e) => ctx.failed("mig_memory", e)?,
+                }),
+                e => Err(e),
+            })
+        })?;
+        if let Some(mem) = mem {
+            out.push(tag(Sample::new(Metric::MigMemoryUsage, mem.used as f64)));
+            out.push(tag(Sample::new(Metric::MigMemoryLimit, mem.total as f64)));
         }
-        match m
-            .running_compute_processes()
-            .or_else(|_| m.running_compute_processes_v2())
-        {
-            Ok(p) => out.push(tag(Sample::new(Metric::MigProcesses, p.len() as f64))),
-            Err(e) => ctx.failed("mig_processes", e)?,
+        let procs = ctx.call("mig_processes", |_| {
+            m.running_compute_processes().or_else(|e| match e {
+                NvmlError::FailedToLoadSymbol(_) => m.running_compute_processes_v2(),
+                e => Err(e),
+            })
+        })?;
+        if let Some(p) = procs {
+            out.push(tag(Sample::new(Metric::MigProcesses, p.len() as f64)));
         }
     }
     Ok(())

@@ -1,6 +1,6 @@
 //! One thread per GPU: schedules the groups, isolates hanging calls, handles lost GPUs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -65,6 +65,8 @@ pub struct Ctx<'n> {
     pub gpm: GpmState<'n>,
     pub proc_names: BTreeMap<u32, String>,
     pub last_process_sample: u64,
+    /// Features disabled on this GPU (mirrors the slot's map without taking its lock).
+    disabled: BTreeSet<&'static str>,
     /// When each feature last logged a failure (failures are rate-limited, then counted).
     warned: BTreeMap<&'static str, Instant>,
     uuid: String,
@@ -78,7 +80,7 @@ impl<'n> Ctx<'n> {
         feature: &'static str,
         f: impl FnOnce(&Device<'n>) -> Result<T, NvmlError>,
     ) -> Result<Option<T>, Lost> {
-        if lock(&self.slot).disabled.contains_key(feature) {
+        if self.disabled.contains(feature) {
             return Ok(None);
         }
         lock(&self.busy).call = Some((feature, Instant::now()));
@@ -98,6 +100,11 @@ impl<'n> Ctx<'n> {
             Ok(v) => Ok(Some(v)),
             Err(e) => self.failed(feature, e).map(|()| None),
         }
+    }
+
+    /// True once `feature` is disabled on this GPU.
+    pub fn is_disabled(&self, feature: &str) -> bool {
+        self.disabled.contains(feature)
     }
 
     /// Accounts a failed call: disables unsupported features, reports lost GPUs, counts the rest.
@@ -123,6 +130,7 @@ impl<'n> Ctx<'n> {
 
     /// Disables `feature` on this GPU for good, logging once.
     pub fn disable(&mut self, feature: &'static str, why: String) {
+        self.disabled.insert(feature);
         let mut slot = lock(&self.slot);
         if !slot.disabled.contains_key(feature) {
             tracing::info!(gpu = %self.uuid, feature, reason = %why, "NVML feature unavailable; disabled for this GPU");
@@ -234,7 +242,11 @@ pub fn start(
         let spawned = std::thread::Builder::new()
             .name("nvml-watchdog".into())
             .spawn(move || {
-                while !shutdown.sleep(Duration::from_millis(100)) {
+                // A quarter of the deadline (50 ms to 500 ms): a stuck call is reported within
+                // 1.25 deadlines without waking often.
+                let period =
+                    (timeout / 4).clamp(Duration::from_millis(50), Duration::from_millis(500));
+                while !shutdown.sleep(period) {
                     watchdog(&watched, timeout);
                 }
             });
@@ -296,7 +308,10 @@ fn run_gpu(
         done.1.notify_all();
     };
     let uuid = lock(&slot).info.uuid.clone();
-    let dev = match nvml.device_by_index(index) {
+    lock(&busy).call = Some(("device_handle", Instant::now()));
+    let dev = nvml.device_by_index(index);
+    lock(&busy).call = None;
+    let dev = match dev {
         Ok(d) => d,
         Err(e) => {
             mark_failed(&slot, format!("cannot open the GPU: {e}"));
@@ -313,6 +328,7 @@ fn run_gpu(
         gpm: GpmState::default(),
         proc_names: BTreeMap::new(),
         last_process_sample: 0,
+        disabled: BTreeSet::new(),
         warned: BTreeMap::new(),
         uuid,
     };
