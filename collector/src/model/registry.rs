@@ -332,11 +332,6 @@ fn unit_suffix(unit: &str, kind: Kind) -> Option<String> {
     }
 }
 
-/// Prometheus label name for an attribute.
-pub fn label_name(attr: &str) -> String {
-    attr.replace(['.', '-'], "_")
-}
-
 /// `METRICS.md`, generated from the registry.
 pub fn metrics_markdown() -> String {
     let mut out = String::from(

@@ -2,7 +2,6 @@
 
 use std::fmt::Write as _;
 
-use crate::model::registry::label_name;
 use crate::model::{DriverInfo, GpuSlot, Metric, REGISTRY, Sample, status_samples};
 
 /// Samples from one snapshot, grouped by metric, each with the `hw.id` of its GPU.
@@ -73,13 +72,14 @@ impl<'a> Families<'a> {
 
 /// Renders the exposition text.
 pub fn render(families: &Families<'_>, out: &mut String) {
+    let names = prometheus_names();
     for (i, samples) in families.iter() {
         let d = &REGISTRY[i];
-        let name = d.prometheus_name();
+        let name = names[i].as_str();
         let _ = writeln!(out, "# HELP {name} {}", escape_help(d.help));
         let _ = writeln!(out, "# TYPE {name} {}", d.prometheus_type());
         for (id, s) in samples {
-            out.push_str(&name);
+            out.push_str(name);
             out.push('{');
             let mut first = true;
             let has_own_id = s.attrs.iter().any(|(k, _)| *k == "hw.id");
@@ -101,17 +101,31 @@ fn write_label(out: &mut String, first: &mut bool, key: &str, value: &str) {
         out.push(',');
     }
     *first = false;
-    out.push_str(&label_name(key));
+    // Attribute keys are ASCII identifiers with dots: map '.' and '-' to '_' in place.
+    out.extend(
+        key.chars()
+            .map(|c| if c == '.' || c == '-' { '_' } else { c }),
+    );
     out.push_str("=\"");
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
+    if value.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
+        for c in value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
         }
+    } else {
+        out.push_str(value);
     }
     out.push('"');
+}
+
+/// The Prometheus names of the registry, computed once.
+fn prometheus_names() -> &'static [String] {
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| REGISTRY.iter().map(|d| d.prometheus_name()).collect())
 }
 
 fn write_value(out: &mut String, v: f64) {

@@ -8,6 +8,7 @@ pub mod encode;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -24,8 +25,11 @@ pub fn render(model: &Model) -> String {
     let sources: Vec<(&'static str, bool)> = model.sources().into_iter().collect();
     let derived = encode::Derived::new(&snap, driver.as_ref(), &sources);
     let fam = encode::Families::new(&snap, &derived);
-    let mut out = String::with_capacity(64 * 1024);
+    // Start at the size of the previous scrape, so the buffer rarely grows.
+    static LAST_LEN: AtomicUsize = AtomicUsize::new(64 * 1024);
+    let mut out = String::with_capacity(LAST_LEN.load(Ordering::Relaxed) + 4096);
     encode::render(&fam, &mut out);
+    LAST_LEN.store(out.len(), Ordering::Relaxed);
     out
 }
 

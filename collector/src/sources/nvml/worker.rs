@@ -334,6 +334,8 @@ fn run_gpu(
     };
     let start = Instant::now();
     let mut due: Vec<Instant> = schedule.iter().map(|_| start).collect();
+    // Each group's last sample count, to size the next batch without regrowing it.
+    let mut sizes: Vec<usize> = schedule.iter().map(|_| 16).collect();
     let mut first_cycle = true;
     loop {
         if shutdown.is_triggered() {
@@ -345,11 +347,12 @@ fn run_gpu(
             if due[i] > now {
                 continue;
             }
-            let mut out = Vec::new();
+            let mut out = Vec::with_capacity(sizes[i]);
             if collect::collect(*group, &mut ctx, &mut out).is_err() {
                 lost = true;
                 break;
             }
+            sizes[i] = out.len();
             publish(&slot, *group, out);
             due[i] += *interval;
             if due[i] <= now {
