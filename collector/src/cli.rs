@@ -32,7 +32,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 Ok(source) => workers = Some(source.start(shutdown.clone())),
                 Err(e) => {
                     // One failing source never stops the others: report it and keep serving.
-                    tracing::error!(error = %anyhow::Error::from(e), "NVML source failed to start; serving without it");
+                    tracing::error!(error = %format!("{:#}", anyhow::Error::from(e)), "NVML source failed to start; serving without it");
                     model.set_source_up("nvml", false);
                 }
             }

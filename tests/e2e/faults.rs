@@ -163,6 +163,10 @@ fn lost_gpu_is_failed_and_the_others_go_on() {
         );
     }
     assert!(!agent.log().contains("panicked"), "{}", agent.log());
+    // The NVML source is up (one GPU failed is the GPU's state, not the source's).
+    let health =
+        support::get(agent.port, "/healthz", Duration::from_secs(5)).expect("/healthz answers 200");
+    assert_eq!(health, "ok\n");
     assert!(agent.terminate().success(), "SIGTERM exits 0");
 }
 
@@ -235,4 +239,59 @@ fn hanging_call_is_reported_and_isolated() {
         agent.terminate().success(),
         "SIGTERM exits 0 even with a thread stuck in NVML"
     );
+}
+
+/// No NVML on the host (the library cannot be loaded): the agent keeps serving, says the
+/// source is down on `/metrics` and `/healthz`, and exits 0 on SIGTERM.
+#[test]
+fn missing_nvml_library_keeps_the_agent_serving() {
+    let dir = support::temp_dir();
+    let port = support::free_port();
+    let config = dir.join("junction.toml");
+    std::fs::write(
+        &config,
+        format!("[sources.nvml]\nlibrary = \"libnvidia-ml-absent.so.1\"\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n"),
+    )
+    .expect("config");
+    let stderr = dir.join("stderr.log");
+    let child = support::junction()
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr).expect("log"))
+        .spawn()
+        .expect("spawn");
+    let mut agent = Agent {
+        child,
+        port,
+        stderr,
+        config,
+    };
+    let body = agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("junction_source_up")
+    });
+    assert_eq!(
+        value(
+            &parse(&body),
+            "junction_source_up",
+            &[("junction_source", "nvml")]
+        ),
+        Some(0.0)
+    );
+    let health = support::get(port, "/healthz", Duration::from_secs(5));
+    assert!(
+        health.is_err(),
+        "/healthz must not answer 200 with the NVML source down"
+    );
+    assert!(
+        agent.log().contains("NVML source failed to start"),
+        "{}",
+        agent.log()
+    );
+    assert!(
+        agent.log().contains("libnvidia-ml-absent.so.1"),
+        "the log names the library: {}",
+        agent.log()
+    );
+    assert!(agent.terminate().success());
 }

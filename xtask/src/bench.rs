@@ -226,15 +226,15 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
         machine(),
         window.as_secs()
     ));
-    out.push_str(
-        "Every NVML group at a 1 s interval against the NVML simulator (`tests/scenarios/`, a release build of\n\
+    out.push_str(&format!(
+        "Every NVML group at a 1 s interval against the NVML simulator (`tests/scenarios/`, a {profile} build of\n\
          `tests/nvml-sim` that runs inside the measured process, so its cost is counted), `/metrics` scraped\n\
          once a second by the benchmark. CPU is user + system time from `/proc/PID/stat` (10 ms ticks);\n\
          peak RSS is `VmHWM`. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
          `LD_LIBRARY_PATH`) at `--interval 1.0`.\n\n\
          | process | CPU ms per 1 s cycle | % of one core | peak RSS (MiB) | series per scrape | scrapes |\n\
-         |---|---|---|---|---|---|\n",
-    );
+         |---|---|---|---|---|---|\n"
+    ));
     for m in results {
         out.push_str(&format!(
             "| {} | {:.2} | {:.3} | {:.1} | {} | {} |\n",

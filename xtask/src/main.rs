@@ -119,7 +119,7 @@ pub fn nvml_sim_profile(release: bool) -> Result<PathBuf> {
         std::fs::create_dir_all(&dir)?;
         let dest = dir.join("libnvidia-ml.so.1");
         // Copy to a temporary name and rename, so that a running reader never sees half a file.
-        let tmp = dir.join(".libnvidia-ml.so.1.tmp");
+        let tmp = dir.join(format!(".libnvidia-ml.so.1.{}.tmp", std::process::id()));
         std::fs::copy(
             root().join("target").join(profile).join("libnvidia_ml.so"),
             &tmp,
@@ -225,10 +225,22 @@ fn test() -> Result<()> {
     println!("BPF object: {}", obj.display());
     let sim = nvml_sim()?;
     println!("NVML simulator: {}", sim.display());
+    bench::run(true)?;
+    // cargo-nextest runs every test in its own process and ends with one summary line; plain
+    // `cargo test` where it is not installed.
+    let nextest = cargo()
+        .args(["nextest", "--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     let mut c = cargo();
-    c.args(["test", "--workspace"])
-        .env("JUNCTION_PYTHON", &env.python)
+    if nextest {
+        c.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
+    } else {
+        c.args(["test", "--workspace", "--no-fail-fast"]);
+    }
+    c.env("JUNCTION_PYTHON", &env.python)
         .env("JUNCTION_BPF_OBJECT", &obj);
-    run(&mut c)?;
-    bench::run(true)
+    run(&mut c)
 }

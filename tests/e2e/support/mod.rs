@@ -26,9 +26,17 @@ pub fn scenario(name: &str) -> PathBuf {
     root().join("tests/scenarios").join(name)
 }
 
-/// The simulator library of a build variant ("current" or "legacy"), built on first use.
+/// The simulator library of a build variant ("current" or "legacy"); built with
+/// `cargo xtask nvml-sim` if missing (`cargo xtask test` builds it first).
 pub fn sim_lib(variant: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
+    let lib = root()
+        .join("target/nvml-sim")
+        .join(variant)
+        .join("libnvidia-ml.so.1");
+    if lib.exists() {
+        return lib;
+    }
     BUILT.get_or_init(|| {
         let status = Command::new(env!("CARGO"))
             .current_dir(root())
@@ -38,10 +46,7 @@ pub fn sim_lib(variant: &str) -> PathBuf {
             .expect("run cargo xtask nvml-sim");
         assert!(status.success(), "cargo xtask nvml-sim failed");
     });
-    root()
-        .join("target/nvml-sim")
-        .join(variant)
-        .join("libnvidia-ml.so.1")
+    lib
 }
 
 /// A fresh directory for one test's files.
@@ -180,12 +185,17 @@ impl Drop for Agent {
 
 /// GET `/metrics` with a timeout.
 pub fn scrape(port: u16, timeout: Duration) -> Result<String, ureq::Error> {
+    get(port, "/metrics", timeout)
+}
+
+/// GET a path with a timeout; non-2xx statuses are errors.
+pub fn get(port: u16, path: &str, timeout: Duration) -> Result<String, ureq::Error> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
         .build()
         .into();
     agent
-        .get(&format!("http://127.0.0.1:{port}/metrics"))
+        .get(&format!("http://127.0.0.1:{port}{path}"))
         .call()?
         .body_mut()
         .read_to_string()
