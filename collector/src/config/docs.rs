@@ -5,15 +5,70 @@ use std::fmt::Write as _;
 
 use super::{Config, Describe, FieldDoc};
 
+/// A config section with its scalar keys, as the walker visits it.
+struct Section<'a> {
+    /// Dotted path, e.g. `sources.nvml`.
+    path: String,
+    /// The section's own documentation.
+    doc: &'static str,
+    /// Its scalar keys (nested sections are visited on their own).
+    scalars: Vec<&'a FieldDoc>,
+    /// The default values.
+    defaults: &'a toml::Table,
+}
+
+/// Visits every section that has scalar keys, depth first, in declaration order.
+fn walk<'a>(
+    table: &'a toml::Table,
+    fields: &'a [FieldDoc],
+    path: &str,
+    doc: &'static str,
+    visit: &mut impl FnMut(Section<'a>),
+) {
+    let scalars: Vec<&FieldDoc> = fields.iter().filter(|f| (f.nested)().is_none()).collect();
+    if !scalars.is_empty() {
+        visit(Section {
+            path: path.to_string(),
+            doc,
+            scalars,
+            defaults: table,
+        });
+    }
+    for f in fields {
+        let (Some(nested), Some(toml::Value::Table(t))) = ((f.nested)(), table.get(f.name)) else {
+            continue;
+        };
+        let sub = if path.is_empty() {
+            f.name.to_string()
+        } else {
+            format!("{path}.{}", f.name)
+        };
+        walk(t, nested, &sub, f.doc, visit);
+    }
+}
+
+fn defaults() -> toml::Table {
+    toml::Table::try_from(Config::default()).unwrap_or_default()
+}
+
 /// `config/junction.toml`: every key with its default and its documentation as comments.
 pub fn example_config() -> String {
-    let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
     let mut out = String::from(
         "# Junction configuration: every key with its default value.\n\
          # Generated from the config types by `cargo xtask docs`; do not edit by hand.\n",
     );
-    let fields = Config::fields().unwrap_or(&[]);
-    write_table(&mut out, &defaults, fields, "");
+    let table = defaults();
+    walk(&table, Config::fields().unwrap_or(&[]), "", "", &mut |s| {
+        out.push('\n');
+        comment(&mut out, s.doc);
+        let _ = writeln!(out, "[{}]", s.path);
+        for f in s.scalars {
+            if let Some(v) = s.defaults.get(f.name) {
+                comment(&mut out, f.doc);
+                let _ = writeln!(out, "{} = {v}", f.name);
+            }
+        }
+    });
     out
 }
 
@@ -28,35 +83,8 @@ fn comment(out: &mut String, doc: &str) {
     }
 }
 
-fn write_table(out: &mut String, table: &toml::Table, fields: &[FieldDoc], path: &str) {
-    for f in fields.iter().filter(|f| (f.nested)().is_none()) {
-        if let Some(v) = table.get(f.name) {
-            comment(out, f.doc);
-            let _ = writeln!(out, "{} = {}", f.name, v);
-        }
-    }
-    for f in fields {
-        let (Some(nested), Some(toml::Value::Table(t))) = ((f.nested)(), table.get(f.name)) else {
-            continue;
-        };
-        let sub = if path.is_empty() {
-            f.name.to_string()
-        } else {
-            format!("{path}.{}", f.name)
-        };
-        let has_scalars = nested.iter().any(|n| (n.nested)().is_none());
-        if has_scalars {
-            out.push('\n');
-            comment(out, f.doc);
-            let _ = writeln!(out, "[{sub}]");
-        }
-        write_table(out, t, nested, &sub);
-    }
-}
-
 /// `docs/CONFIG.md`: one table per section.
 pub fn reference() -> String {
-    let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
     let mut out = String::from(
         "# Configuration reference\n\n\
          Generated from the config types by `cargo xtask docs`; do not edit by hand.\n\n\
@@ -65,19 +93,19 @@ pub fn reference() -> String {
          checks a file and reports every problem with its line and key (exit code 2).\n\
          The example `config/junction.toml` lists the same keys with their defaults.\n",
     );
-    section(&mut out, &defaults, Config::fields().unwrap_or(&[]), "");
-    out
-}
-
-fn section(out: &mut String, table: &toml::Table, fields: &[FieldDoc], path: &str) {
-    let scalars: Vec<&FieldDoc> = fields.iter().filter(|f| (f.nested)().is_none()).collect();
-    if !scalars.is_empty() {
+    let table = defaults();
+    walk(&table, Config::fields().unwrap_or(&[]), "", "", &mut |s| {
         let _ = writeln!(
             out,
-            "\n## `[{path}]`\n\n| key | type | default | meaning |\n|---|---|---|---|"
+            "\n## `[{}]`\n\n| key | type | default | meaning |\n|---|---|---|---|",
+            s.path
         );
-        for f in scalars {
-            let default = table.get(f.name).map(|v| v.to_string()).unwrap_or_default();
+        for f in s.scalars {
+            let default = s
+                .defaults
+                .get(f.name)
+                .map(|v| v.to_string())
+                .unwrap_or_default();
             let doc = f.doc.lines().map(str::trim).collect::<Vec<_>>().join(" ");
             let _ = writeln!(
                 out,
@@ -88,18 +116,8 @@ fn section(out: &mut String, table: &toml::Table, fields: &[FieldDoc], path: &st
                 doc.trim()
             );
         }
-    }
-    for f in fields {
-        let (Some(nested), Some(toml::Value::Table(t))) = ((f.nested)(), table.get(f.name)) else {
-            continue;
-        };
-        let sub = if path.is_empty() {
-            f.name.to_string()
-        } else {
-            format!("{path}.{}", f.name)
-        };
-        section(out, t, nested, &sub);
-    }
+    });
+    out
 }
 
 #[cfg(test)]

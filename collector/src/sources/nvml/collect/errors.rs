@@ -1,0 +1,165 @@
+//! ECC, retired pages, remapped rows, the recovery action, and PCIe.
+
+use std::os::raw::c_uint;
+
+use nvml_wrapper::enum_wrappers::device::{
+    EccCounter, MemoryError, PcieUtilCounter, RetirementCause,
+};
+use nvml_wrapper::error::NvmlError;
+
+use super::{FI_RECOVERY_ACTION, field};
+use crate::model::{Metric, Sample};
+use crate::sources::nvml::worker::{Ctx, Lost};
+
+pub(super) fn errors(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
+    let ecc = [
+        (
+            "ecc_corrected_volatile",
+            MemoryError::Corrected,
+            EccCounter::Volatile,
+            "corrected",
+            "volatile",
+        ),
+        (
+            "ecc_uncorrected_volatile",
+            MemoryError::Uncorrected,
+            EccCounter::Volatile,
+            "uncorrected",
+            "volatile",
+        ),
+        (
+            "ecc_corrected_aggregate",
+            MemoryError::Corrected,
+            EccCounter::Aggregate,
+            "corrected",
+            "aggregate",
+        ),
+        (
+            "ecc_uncorrected_aggregate",
+            MemoryError::Uncorrected,
+            EccCounter::Aggregate,
+            "uncorrected",
+            "aggregate",
+        ),
+    ];
+    for (feature, kind, counter, ty, scope) in ecc {
+        if let Some(n) = ctx.call(feature, |d| d.total_ecc_errors(kind, counter))? {
+            out.push(
+                Sample::new(Metric::EccErrors, n as f64)
+                    .with("hw.type", "gpu")
+                    .with("error.type", ty)
+                    .with("gpu.ecc.counter", scope),
+            );
+        }
+    }
+    for (feature, cause, name) in [
+        (
+            "retired_pages_sbe",
+            RetirementCause::MultipleSingleBitEccErrors,
+            "multiple_single_bit",
+        ),
+        (
+            "retired_pages_dbe",
+            RetirementCause::DoubleBitEccError,
+            "double_bit",
+        ),
+    ] {
+        if let Some(p) = ctx.call(feature, |d| d.retired_pages(cause))? {
+            out.push(
+                Sample::new(Metric::RetiredPages, p.len() as f64)
+                    .with("gpu.retirement.cause", name),
+            );
+        }
+    }
+    if let Some(p) = ctx.call("retired_pages_pending", |d| d.are_pages_pending_retired())? {
+        out.push(Sample::new(Metric::RetiredPending, f64::from(u8::from(p))));
+    }
+    let nvml = ctx.nvml;
+    if let Some((corr, unc, pending, failure)) =
+        ctx.call("remapped_rows", |d| remapped_rows(nvml, d))?
+    {
+        out.push(
+            Sample::new(Metric::RemappedRows, f64::from(corr))
+                .with("gpu.remap.type", "correctable"),
+        );
+        out.push(
+            Sample::new(Metric::RemappedRows, f64::from(unc))
+                .with("gpu.remap.type", "uncorrectable"),
+        );
+        out.push(Sample::new(
+            Metric::RemapPending,
+            f64::from(u8::from(pending != 0)),
+        ));
+        out.push(Sample::new(
+            Metric::RemapFailure,
+            f64::from(u8::from(failure != 0)),
+        ));
+    }
+    if let Some(v) = field(ctx, "recovery_action", FI_RECOVERY_ACTION)? {
+        let current = v as u32;
+        for (code, name) in [
+            (0, "none"),
+            (1, "gpu_reset"),
+            (2, "node_reboot"),
+            (3, "drain_p2p"),
+            (4, "drain_and_reset"),
+        ] {
+            out.push(
+                Sample::new(Metric::RecoveryAction, f64::from(u8::from(current == code)))
+                    .with("gpu.recovery_action", name),
+            );
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn remapped_rows(
+    nvml: &nvml_wrapper::Nvml,
+    d: &nvml_wrapper::Device<'_>,
+) -> Result<(c_uint, c_uint, c_uint, c_uint), NvmlError> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetRemappedRows
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let (mut a, mut b, mut p, mut f) = (0, 0, 0, 0);
+    // SAFETY: a live handle from this library and four valid out-pointers.
+    let rc = unsafe { sym(d.handle(), &mut a, &mut b, &mut p, &mut f) };
+    nvml_wrapper::error::nvml_try(rc)?;
+    Ok((a, b, p, f))
+}
+
+pub(super) fn pcie(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
+    for (feature, counter, dir) in [
+        ("pcie_throughput_tx", PcieUtilCounter::Send, "transmit"),
+        ("pcie_throughput_rx", PcieUtilCounter::Receive, "receive"),
+    ] {
+        if let Some(kib) = ctx.call(feature, |d| d.pcie_throughput(counter))? {
+            out.push(
+                Sample::new(Metric::PcieThroughput, f64::from(kib) * 1024.0)
+                    .with("network.io.direction", dir),
+            );
+        }
+    }
+    if let Some(n) = ctx.call("pcie_replay", |d| d.pcie_replay_counter())? {
+        out.push(Sample::new(Metric::PcieReplay, f64::from(n)));
+    }
+    let link = [
+        ("pcie_link_gen", Metric::PcieGeneration, "current"),
+        ("pcie_link_width", Metric::PcieWidth, "current"),
+        ("pcie_link_max_gen", Metric::PcieGeneration, "max"),
+        ("pcie_link_max_width", Metric::PcieWidth, "max"),
+    ];
+    for (feature, metric, state) in link {
+        let v = ctx.call(feature, |d| match feature {
+            "pcie_link_gen" => d.current_pcie_link_gen(),
+            "pcie_link_width" => d.current_pcie_link_width(),
+            "pcie_link_max_gen" => d.max_pcie_link_gen(),
+            _ => d.max_pcie_link_width(),
+        })?;
+        if let Some(v) = v {
+            out.push(Sample::new(metric, f64::from(v)).with("gpu.pcie.link.state", state));
+        }
+    }
+    Ok(())
+}
