@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-/// GPU node telemetry: NVML, eBPF, kernel log and BMC, served as Prometheus and OTLP.
+/// GPU node telemetry agent.
 #[derive(Debug, Parser)]
 #[command(name = "junction", version, about)]
 struct Args {
