@@ -50,9 +50,15 @@ pub fn run(smoke: bool) -> Result<()> {
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let mut results = Vec::new();
-    for (label, scenario, port) in [
-        ("junction, 8 GPUs", "h100-training.toml", 19481),
-        ("junction, 64 GPUs", "h100-64.toml", 19482),
+    for (label, scenario, port, scraped) in [
+        ("junction, 8 GPUs", "h100-training.toml", 19481, true),
+        (
+            "junction, 8 GPUs, collection only (not scraped)",
+            "h100-training.toml",
+            19484,
+            false,
+        ),
+        ("junction, 64 GPUs", "h100-64.toml", 19482, true),
     ] {
         let config = dir.join(format!("bench-{port}.toml"));
         std::fs::write(&config, sim_config(&format!("127.0.0.1:{port}"), 1))?;
@@ -68,7 +74,7 @@ pub fn run(smoke: bool) -> Result<()> {
             .stderr(Stdio::null())
             .spawn()
             .context("starting junction")?;
-        results.push(measure(label, child, port, window)?);
+        results.push(measure(label, child, port, window, scraped)?);
     }
     let env = setup::test_dependencies()?;
     let exporter = env.python.with_file_name("nvitop-exporter");
@@ -95,6 +101,7 @@ pub fn run(smoke: bool) -> Result<()> {
         child,
         19483,
         window,
+        true,
     )?);
 
     let report = report(&results, window, smoke, profile);
@@ -108,9 +115,15 @@ pub fn run(smoke: bool) -> Result<()> {
     Ok(())
 }
 
-/// Waits for `/metrics`, then scrapes it once a second for `window` and reads the process's
-/// CPU time and peak RSS from /proc.
-fn measure(label: &str, mut child: Child, port: u16, window: Duration) -> Result<Measurement> {
+/// Waits for `/metrics`, then scrapes it once a second (or not, with `scraped` false) for
+/// `window` and reads the process's CPU time and peak RSS from /proc.
+fn measure(
+    label: &str,
+    mut child: Child,
+    port: u16,
+    window: Duration,
+    scraped: bool,
+) -> Result<Measurement> {
     let pid = child.id();
     let result = (|| {
         let ready = Instant::now();
@@ -125,19 +138,22 @@ fn measure(label: &str, mut child: Child, port: u16, window: Duration) -> Result
         }
         // Let the first cycles (and GPM's baseline) settle before measuring.
         std::thread::sleep(Duration::from_secs(2));
+        // One scrape outside the window counts the series.
+        let series = scrape(port)?
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .count();
         let cpu0 = cpu_secs(pid)?;
         let start = Instant::now();
+        let mut seconds = 0;
         let mut scrapes = 0;
-        let mut series = 0;
         while start.elapsed() < window {
-            let body = scrape(port)?;
-            series = body
-                .lines()
-                .filter(|l| !l.starts_with('#') && !l.is_empty())
-                .count();
-            scrapes += 1;
-            let next = Duration::from_secs(u64::from(scrapes));
-            std::thread::sleep(next.saturating_sub(start.elapsed()));
+            if scraped {
+                scrape(port)?;
+                scrapes += 1;
+            }
+            seconds += 1;
+            std::thread::sleep(Duration::from_secs(seconds).saturating_sub(start.elapsed()));
         }
         let elapsed = start.elapsed();
         let cpu = cpu_secs(pid)? - cpu0;
