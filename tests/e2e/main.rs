@@ -1,5 +1,5 @@
 //! End-to-end tests: the real `junction` binary against the NVML simulator library (loaded by
-//! `nvml-wrapper` through its normal FFI path), `pynvml` and `promtool`.
+//! `nvml-wrapper` through its normal FFI path), `pynvml`, `promtool` and a Prometheus server.
 
 mod support;
 
