@@ -295,3 +295,31 @@ fn missing_nvml_library_keeps_the_agent_serving() {
     );
     assert!(agent.terminate().success());
 }
+
+/// nvmlInit never returns (a wedged driver): after `init_timeout_secs` the NVML source is
+/// reported down, `/metrics` keeps answering, and SIGTERM exits 0.
+#[test]
+fn hanging_init_is_reported_and_the_agent_serves() {
+    let mut agent = Agent::spawn("init-hang.toml", "current", "init_timeout_secs = 2");
+    let body = agent.wait_for(Duration::from_secs(30), |m| {
+        m.contains("junction_source_up")
+    });
+    assert_eq!(
+        value(
+            &parse(&body),
+            "junction_source_up",
+            &[("junction_source", "nvml")]
+        ),
+        Some(0.0)
+    );
+    assert!(!body.contains("hw_status"), "no GPU is known without NVML");
+    assert!(
+        agent.log().contains("did not return within 2 s"),
+        "{}",
+        agent.log()
+    );
+    assert!(
+        agent.terminate().success(),
+        "SIGTERM exits 0 with the init thread stuck"
+    );
+}

@@ -105,10 +105,20 @@ pub struct Agent {
 impl Agent {
     /// Starts `junction run` on a scenario and waits until `/metrics` has GPU data.
     pub fn start(scenario_name: &str, variant: &str) -> Agent {
+        let mut agent = Agent::spawn(scenario_name, variant, "");
+        agent.wait_for(Duration::from_secs(30), |m| {
+            m.contains("hw_gpu_memory_usage_bytes")
+        });
+        agent
+    }
+
+    /// Starts `junction run` on a scenario, with `extra` lines in `[sources.nvml]`, without
+    /// waiting for anything.
+    pub fn spawn(scenario_name: &str, variant: &str, extra: &str) -> Agent {
         let dir = temp_dir();
         let port = free_port();
         let config = dir.join("junction.toml");
-        std::fs::write(&config, sim_config(variant, port, "")).expect("write config");
+        std::fs::write(&config, sim_config(variant, port, extra)).expect("write config");
         let stderr = dir.join("stderr.log");
         let child = junction()
             .env("JUNCTION_NVML_SIM_SCENARIO", scenario(scenario_name))
@@ -120,16 +130,12 @@ impl Agent {
             .stderr(std::fs::File::create(&stderr).expect("stderr file"))
             .spawn()
             .expect("spawn junction");
-        let mut agent = Agent {
+        Agent {
             child,
             port,
             stderr,
             config,
-        };
-        agent.wait_for(Duration::from_secs(30), |m| {
-            m.contains("hw_gpu_memory_usage_bytes")
-        });
-        agent
+        }
     }
 
     /// Scrapes until `ok(body)` or the deadline (panics with the log on timeout).

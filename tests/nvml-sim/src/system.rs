@@ -31,7 +31,11 @@ pub(crate) use export;
 /// Always safe; `unsafe` because it is an FFI entry point.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
-    code(init().map(|_| SUCCESS))
+    code(
+        init()
+            .and_then(|s| s.faults("nvmlInit_v2", u32::MAX))
+            .map(|_| SUCCESS),
+    )
 }
 
 /// # Safety
@@ -45,7 +49,11 @@ pub unsafe extern "C" fn nvmlInit() -> nvmlReturn_t {
 /// Always safe; `unsafe` because it is an FFI entry point.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
-    code(init().map(|_| SUCCESS))
+    code(
+        init()
+            .and_then(|s| s.faults("nvmlInitWithFlags", u32::MAX))
+            .map(|_| SUCCESS),
+    )
 }
 
 /// # Safety

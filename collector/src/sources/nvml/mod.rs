@@ -31,6 +31,10 @@ config_section! {
         /// The NVML library: a bare name is looked up by the dynamic loader, a path is opened
         /// as is. Default: "libnvidia-ml.so.1".
         pub library: String = "libnvidia-ml.so.1".into(),
+        /// Loading NVML and reading every GPU's identity may take this long (it takes
+        /// seconds per GPU without persistence mode); past it the source is reported down and
+        /// the other sources and sinks go on. Default: 60.
+        pub init_timeout_secs: u64 = 60,
         /// An NVML call running longer than this marks its GPU as stuck
         /// (`junction_nvml_stuck`); the other GPUs keep updating. Default: 2000.
         pub call_timeout_ms: u64 = 2000,
@@ -150,6 +154,12 @@ impl NvmlConfig {
                 message: format!("{} is out of range; use 10 to 600000", self.call_timeout_ms),
             });
         }
+        if self.init_timeout_secs == 0 {
+            out.push(Invalid {
+                key: format!("{prefix}.init_timeout_secs"),
+                message: "must be at least 1".into(),
+            });
+        }
         if self.lost_retry_max_secs == 0 {
             out.push(Invalid {
                 key: format!("{prefix}.lost_retry_max_secs"),
@@ -187,6 +197,19 @@ pub enum BuildError {
     /// Counting GPUs failed.
     #[error("cannot count GPUs through NVML")]
     Count(#[source] NvmlError),
+    /// Initialisation did not return in time (a wedged driver).
+    #[error(
+        "NVML initialisation from {library:?} did not return within {secs} s (sources.nvml.init_timeout_secs)"
+    )]
+    InitTimeout {
+        /// The library asked for.
+        library: String,
+        /// The deadline.
+        secs: u64,
+    },
+    /// The initialisation thread could not be started.
+    #[error("cannot start the NVML initialisation thread")]
+    Thread(#[source] std::io::Error),
 }
 
 /// A built NVML source: the library is loaded and every GPU is in the model's inventory.
@@ -200,29 +223,26 @@ pub struct NvmlSource {
 impl NvmlSource {
     /// Loads NVML, reads every GPU's identity and adds it to the model.
     pub fn build(config: &NvmlConfig, model: Arc<Model>) -> Result<Self, BuildError> {
-        let nvml = Nvml::builder()
-            .lib_path(OsStr::new(&config.library))
-            .init()
-            .map_err(|source| BuildError::Init {
-                library: config.library.clone(),
-                source,
-            })?;
-        let driver = DriverInfo {
-            driver_version: nvml.sys_driver_version().unwrap_or_default(),
-            cuda_version: nvml
-                .sys_cuda_driver_version()
-                .ok()
-                .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10)),
-            nvml_version: nvml.sys_nvml_version().ok(),
-        };
+        // nvmlInit can hang on a wedged driver: run it on its own thread under a deadline.
+        // Nothing is added to the model until it has returned.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let library = config.library.clone();
+        std::thread::Builder::new()
+            .name("nvml-init".into())
+            .spawn(move || {
+                let _ = tx.send(open(&library));
+            })
+            .map_err(BuildError::Thread)?;
+        let timeout = Duration::from_secs(config.init_timeout_secs);
+        let (nvml, driver, infos) =
+            rx.recv_timeout(timeout)
+                .map_err(|_| BuildError::InitTimeout {
+                    library: config.library.clone(),
+                    secs: config.init_timeout_secs,
+                })??;
         model.set_driver(driver);
-        let count = nvml.device_count().map_err(BuildError::Count)?;
-        let mut gpus = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            let info = read_identity(&nvml, index);
-            gpus.push(model.add_gpu(info));
-        }
-        tracing::info!(gpus = count, library = %config.library, "NVML source ready");
+        let gpus: Vec<_> = infos.into_iter().map(|info| model.add_gpu(info)).collect();
+        tracing::info!(gpus = gpus.len(), library = %config.library, "NVML source ready");
         model.set_source_up("nvml", true);
         Ok(Self {
             nvml: Arc::new(nvml),
@@ -248,6 +268,30 @@ impl NvmlSource {
         shutdown.trigger();
         self.model
     }
+}
+
+/// Loads and initialises NVML and reads the driver and every GPU's identity.
+fn open(library: &str) -> Result<(Nvml, DriverInfo, Vec<GpuInfo>), BuildError> {
+    let nvml = Nvml::builder()
+        .lib_path(OsStr::new(library))
+        .init()
+        .map_err(|source| BuildError::Init {
+            library: library.to_string(),
+            source,
+        })?;
+    let driver = DriverInfo {
+        driver_version: nvml.sys_driver_version().unwrap_or_default(),
+        cuda_version: nvml
+            .sys_cuda_driver_version()
+            .ok()
+            .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10)),
+        nvml_version: nvml.sys_nvml_version().ok(),
+    };
+    let count = nvml.device_count().map_err(BuildError::Count)?;
+    let infos = (0..count)
+        .map(|index| read_identity(&nvml, index))
+        .collect();
+    Ok((nvml, driver, infos))
 }
 
 /// Reads a GPU's identity; what cannot be read is left empty.
