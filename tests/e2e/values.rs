@@ -723,3 +723,50 @@ fn prometheus_scrapes_and_queries() {
         "sum of GPU utilization: {result}"
     );
 }
+
+/// GPM per MIG instance on a Hopper GPU: each instance's own activity, under its MIG UUID.
+#[test]
+fn gpm_per_mig_instance() {
+    let mut agent = Agent::start("h100-mig.toml", "current");
+    let body = agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("gpu_sm_activity_ratio{hw_id=\"MIG-")
+    });
+    let s = parse(&body);
+    let a = [("hw_id", "MIG-4a5b6c7d-0000-5000-9000-000000000001")];
+    let b = [("hw_id", "MIG-4a5b6c7d-0000-5000-9000-000000000002")];
+    close(
+        value(&s, "gpu_sm_activity_ratio", &a),
+        0.71,
+        "instance 3 SM activity",
+    );
+    close(
+        value(&s, "gpu_sm_activity_ratio", &b),
+        0.12,
+        "instance 5 SM activity",
+    );
+    close(
+        value(&s, "gpu_dram_activity_ratio", &b),
+        0.04,
+        "instance 5 DRAM",
+    );
+    let mut tensor = a.to_vec();
+    tensor.push(("gpu_pipe", "tensor"));
+    close(
+        value(&s, "gpu_pipe_activity_ratio", &tensor),
+        0.40,
+        "instance 3 tensor",
+    );
+    let m = s
+        .iter()
+        .find(|x| x.name == "gpu_sm_activity_ratio" && x.labels["hw_id"] == a[0].1)
+        .expect("series");
+    assert_eq!(m.labels["gpu_mig_gpu_instance_id"], "3");
+    assert!(m.labels["hw_parent"].starts_with("GPU-"), "{m:?}");
+    // The whole GPU keeps its own GPM series.
+    let gpu = support::uuids(&s)[0].clone();
+    close(
+        value(&s, "gpu_sm_activity_ratio", &[("hw_id", gpu.as_str())]),
+        0.88,
+        "GPU SM activity",
+    );
+}

@@ -339,7 +339,9 @@ pub fn metrics_markdown() -> String {
          Generated from the metric registry (`collector/src/model/registry.rs`) by `cargo xtask docs`;\n\
          do not edit by hand. Names follow the OpenTelemetry hardware semantic conventions first\n\
          (`hw.*`), then `gpu.*`; Prometheus names are the standard OTLP-to-Prometheus translation.\n\
-         Every per-GPU series carries `hw.id` (the GPU UUID; the MIG UUID for `gpu.mig.*`).\n\
+         Every per-GPU series carries `hw.id` (the GPU UUID). Series of a MIG instance (`gpu.mig.*`, and the GPM\n\
+         metrics sampled per GPU instance) carry its MIG UUID as `hw.id`, with `hw.parent` = the GPU UUID\n\
+         and `gpu.mig.gpu_instance_id`.\n\
          A metric whose NVML call is not supported on a GPU is absent for that GPU (see `junction inventory`).\n\n\
          | name | Prometheus name | unit | type | attributes | NVML source | group |\n\
          |---|---|---|---|---|---|---|\n",

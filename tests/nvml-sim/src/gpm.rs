@@ -13,6 +13,8 @@ use crate::system::export;
 struct Sample {
     t: f64,
     gpu: Option<u32>,
+    /// The GPU instance, for samples taken with `nvmlGpmMigSampleGet`.
+    gpu_instance: Option<u32>,
 }
 
 /// (metric id, scenario key, short name, unit)
@@ -48,7 +50,12 @@ export!(
         sim()?;
         Ok(put(
             sample,
-            Box::into_raw(Box::new(Sample { t: 0.0, gpu: None })).cast(),
+            Box::into_raw(Box::new(Sample {
+                t: 0.0,
+                gpu: None,
+                gpu_instance: None,
+            }))
+            .cast(),
         ))
     }
 );
@@ -76,6 +83,7 @@ export!(
         let s = &mut *sample.cast::<Sample>();
         s.t = sim.now();
         s.gpu = Some(g.index);
+        s.gpu_instance = None;
         Ok(SUCCESS)
     }
 );
@@ -92,12 +100,24 @@ export!(
         }
         let (s1, s2) = (&*r.sample1.cast::<Sample>(), &*r.sample2.cast::<Sample>());
         let g = match (s1.gpu, s2.gpu) {
-            (Some(a), Some(b)) if a == b && s2.t > s1.t => &sim.gpus[a as usize],
+            (Some(a), Some(b)) if a == b && s2.t > s1.t && s1.gpu_instance == s2.gpu_instance => {
+                &sim.gpus[a as usize]
+            }
             _ => return Err(ERROR_INVALID_ARGUMENT),
+        };
+        // A MIG sample pair reads the instance's own values.
+        let instance = s2.gpu_instance.and_then(|gi| {
+            g.mig
+                .as_ref()
+                .and_then(|m| m.instances.iter().find(|i| i.gpu_instance_id == gi))
+        });
+        let value = |key: &str| match instance {
+            Some(i) => i.values.get(key).map(|v| v.at(s2.t)),
+            None => g.value(key, s2.t),
         };
         for m in r.metrics.iter_mut().take(r.numMetrics as usize) {
             match METRICS.iter().find(|(id, ..)| *id == m.metricId) {
-                Some((_, key, short, unit)) => match g.value(key, s2.t) {
+                Some((_, key, short, unit)) => match value(key) {
                     Some(v) => {
                         m.nvmlReturn = SUCCESS;
                         m.value = v;
@@ -110,6 +130,35 @@ export!(
                 None => m.nvmlReturn = ERROR_NOT_SUPPORTED,
             }
         }
+        Ok(SUCCESS)
+    }
+);
+
+export!(
+    fn nvmlGpmMigSampleGet(device: nvmlDevice_t, gpu_instance: c_uint, sample: nvmlGpmSample_t) {
+        let (sim, g) = gpu(device, "nvmlGpmMigSampleGet")?;
+        if !g.gpm_supported {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
+        let mig = g
+            .mig
+            .as_ref()
+            .filter(|m| m.enabled)
+            .ok_or(ERROR_NOT_SUPPORTED)?;
+        if !mig
+            .instances
+            .iter()
+            .any(|i| i.gpu_instance_id == gpu_instance)
+        {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        if sample.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let s = &mut *sample.cast::<Sample>();
+        s.t = sim.now();
+        s.gpu = Some(g.index);
+        s.gpu_instance = Some(gpu_instance);
         Ok(SUCCESS)
     }
 );

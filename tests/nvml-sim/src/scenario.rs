@@ -136,6 +136,9 @@ pub struct MigInstance {
     pub memory_used_mib: ValueSpec,
     #[serde(default)]
     pub processes: Vec<Process>,
+    /// This instance's own values (the `gpm_*` keys, for `nvmlGpmMigSampleGet`).
+    #[serde(default)]
+    pub values: BTreeMap<String, ValueSpec>,
 }
 
 /// A fault injected into calls.

@@ -63,6 +63,8 @@ pub struct Ctx<'n> {
     busy: Arc<Mutex<Busy>>,
     pub max_processes: usize,
     pub gpm: GpmState<'n>,
+    /// MIG instances found by the last MIG collection: (GPU instance id, MIG UUID).
+    pub mig_instances: Vec<(u32, String)>,
     pub proc_names: BTreeMap<u32, String>,
     pub last_process_sample: u64,
     /// Features disabled on this GPU (mirrors the slot's map without taking its lock).
@@ -326,6 +328,7 @@ fn run_gpu(
         busy,
         max_processes,
         gpm: GpmState::default(),
+        mig_instances: Vec::new(),
         proc_names: BTreeMap::new(),
         last_process_sample: 0,
         disabled: BTreeSet::new(),

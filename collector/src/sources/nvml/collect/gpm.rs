@@ -1,5 +1,7 @@
 //! GPM profiling metrics (Hopper and newer), from two samples one interval apart.
 
+use std::collections::BTreeMap;
+
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
@@ -11,6 +13,8 @@ use crate::sources::nvml::worker::{Ctx, Lost};
 #[derive(Default)]
 pub struct GpmState<'n> {
     prev: Option<GpmSample<'n>>,
+    /// Per MIG GPU instance id.
+    mig_prev: BTreeMap<u32, GpmSample<'n>>,
 }
 
 /// A GPM metric: its id, where it goes, an attribute, and the factor to the registry unit.
@@ -102,17 +106,63 @@ pub(super) fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> 
         ctx.gpm.prev = ctx.call("gpm", |d| d.gpm_sample())?;
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let Some(next) = ctx.call("gpm", |d| d.gpm_sample())? else {
-        return Ok(());
-    };
-    let Some(prev) = ctx.gpm.prev.take() else {
+    if let Some(next) = ctx.call("gpm", |d| d.gpm_sample())? {
+        let nvml = ctx.nvml;
+        let results = match ctx.gpm.prev.take() {
+            Some(prev) => ctx.call("gpm", |_| {
+                gpm_metrics_get(nvml, &prev, &next, &metric_ids())
+            })?,
+            None => None,
+        };
         ctx.gpm.prev = Some(next);
+        push_metrics(ctx, results, out, |s| s)?;
+    }
+    mig_instances(ctx, out)
+}
+
+/// Per MIG instance (`hw.id` = MIG UUID), from samples of its GPU instance.
+fn mig_instances(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
+    let instances = ctx.mig_instances.clone();
+    ctx.gpm
+        .mig_prev
+        .retain(|gi, _| instances.iter().any(|(g, _)| g == gi));
+    if instances.is_empty() {
         return Ok(());
-    };
-    let ids: Vec<GpmMetricId> = GPM_METRICS.iter().map(|m| m.0).collect();
-    let nvml = ctx.nvml;
-    let results = ctx.call("gpm", |_| gpm_metrics_get(nvml, &prev, &next, &ids))?;
-    ctx.gpm.prev = Some(next);
+    }
+    let parent = crate::model::lock(&ctx.slot).info.uuid.clone();
+    for (gi, uuid) in instances {
+        let Some(next) = ctx.call("gpm_mig", |d| d.gpm_mig_sample(gi))? else {
+            continue;
+        };
+        let nvml = ctx.nvml;
+        let results = match ctx.gpm.mig_prev.remove(&gi) {
+            Some(prev) => ctx.call("gpm_mig", |_| {
+                gpm_metrics_get(nvml, &prev, &next, &metric_ids())
+            })?,
+            None => None,
+        };
+        ctx.gpm.mig_prev.insert(gi, next);
+        let gi = gi.to_string();
+        push_metrics(ctx, results, out, |s| {
+            s.with("hw.id", uuid.clone())
+                .with("hw.parent", parent.clone())
+                .with("gpu.mig.gpu_instance_id", gi.clone())
+        })?;
+    }
+    Ok(())
+}
+
+fn metric_ids() -> Vec<GpmMetricId> {
+    GPM_METRICS.iter().map(|m| m.0).collect()
+}
+
+/// Converts `nvmlGpmMetricsGet` results into samples, `tag`ging each.
+fn push_metrics(
+    ctx: &mut Ctx<'_>,
+    results: Option<Vec<Result<nvml_wrapper::struct_wrappers::gpm::GpmMetricResult, NvmlError>>>,
+    out: &mut Vec<Sample>,
+    tag: impl Fn(Sample) -> Sample,
+) -> Result<(), Lost> {
     for (r, (_, metric, attr, scale)) in results.into_iter().flatten().zip(GPM_METRICS) {
         match r {
             Ok(v) => {
@@ -120,7 +170,7 @@ pub(super) fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> 
                 if let Some((k, val)) = attr {
                     s = s.with(k, *val);
                 }
-                out.push(s);
+                out.push(tag(s));
             }
             Err(NvmlError::NotSupported) => {}
             Err(e) => ctx.failed("gpm", e)?,

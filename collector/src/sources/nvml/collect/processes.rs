@@ -111,6 +111,7 @@ pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> 
     };
     let enabled = mode.current == 1;
     out.push(Sample::new(Metric::MigMode, f64::from(u8::from(enabled))));
+    ctx.mig_instances.clear();
     if !enabled {
         return Ok(());
     }
@@ -127,10 +128,11 @@ pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> 
         let Some(uuid) = ctx.call("mig", |_| m.uuid())? else {
             continue;
         };
-        let gi = ctx
-            .call("mig", |_| mig_id(nvml, &m, true))?
-            .unwrap_or(u32::MAX)
-            .to_string();
+        let gi_id = ctx.call("mig", |_| mig_id(nvml, &m, true))?;
+        if let Some(id) = gi_id {
+            ctx.mig_instances.push((id, uuid.clone()));
+        }
+        let gi = gi_id.unwrap_or(u32::MAX).to_string();
         let ci = ctx
             .call("mig", |_| mig_id(nvml, &m, false))?
             .unwrap_or(u32::MAX)
