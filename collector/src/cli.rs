@@ -15,7 +15,10 @@ use crate::{Format, InventoryFormat};
 /// How long shutdown waits for sources to stop.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(3);
 
-/// `junction run`: start the sources and sinks; stop on SIGTERM or SIGINT.
+/// `junction run`: start the sinks, then the sources; stop on SIGTERM or SIGINT.
+///
+/// The signal handlers and `/metrics` come first, so that a slow or hanging NVML start-up
+/// (seconds per GPU without persistence mode) neither hides the endpoint nor ignores SIGTERM.
 pub fn run(config: Config) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -23,68 +26,112 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    rt.block_on(async move {
-        let model = Model::new();
-        let shutdown = Shutdown::default();
-        let mut workers = None;
-        if config.sources.nvml.enabled {
-            match NvmlSource::build(&config.sources.nvml, model.clone()) {
-                Ok(source) => workers = Some(source.start(shutdown.clone())),
-                Err(e) => {
-                    // One failing source never stops the others: report it and keep serving.
-                    tracing::error!(error = %format!("{:#}", anyhow::Error::from(e)), "NVML source failed to start; serving without it");
-                    model.set_source_up("nvml", false);
-                }
-            }
-        }
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let server = if config.sinks.prometheus.enabled {
-            let listener = prometheus::bind(&config.sinks.prometheus.listen)
-                .await
-                .with_context(|| format!("cannot listen on {} (sinks.prometheus.listen)", config.sinks.prometheus.listen))?;
-            tracing::info!(listen = %config.sinks.prometheus.listen, "serving /metrics and /healthz");
-            let mut rx = stop_rx.clone();
-            let model = model.clone();
-            Some(tokio::spawn(async move {
-                prometheus::serve(listener, model, async move {
-                    let _ = rx.wait_for(|stop| *stop).await;
-                })
-                .await
-            }))
-        } else {
-            None
-        };
-        wait_for_signal().await;
-        tracing::info!("shutting down");
-        shutdown.trigger();
-        let _ = stop_tx.send(true);
-        if let Some(server) = server {
-            match tokio::time::timeout(SHUTDOWN_DEADLINE, server).await {
-                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
-                Err(_) => tracing::warn!("HTTP server did not stop within the deadline"),
-                _ => {}
-            }
-        }
-        if let Some(w) = workers {
-            tokio::task::spawn_blocking(move || w.stop(SHUTDOWN_DEADLINE)).await.ok();
-        }
-        tracing::info!("stopped");
-        Ok(())
-    })
+    let result = rt.block_on(serve(config));
+    // A source still starting (a hung nvmlInit) is not waited for.
+    rt.shutdown_timeout(SHUTDOWN_DEADLINE);
+    result
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let signals = Signals::new();
+    let model = Model::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = if config.sinks.prometheus.enabled {
+        let listen = &config.sinks.prometheus.listen;
+        let listener = prometheus::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen} (sinks.prometheus.listen)"))?;
+        tracing::info!(listen = %listen, "serving /metrics and /healthz");
+        let mut rx = stop_rx.clone();
+        let model = model.clone();
+        Some(tokio::spawn(async move {
+            prometheus::serve(listener, model, async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            })
+            .await
+        }))
+    } else {
+        None
+    };
+
+    let shutdown = Shutdown::default();
+    let mut workers = None;
+    let mut signals = signals;
+    if config.sources.nvml.enabled {
+        // Down until it has started: /healthz answers 503 meanwhile.
+        model.set_source_up("nvml", false);
+        let (cfg, m, sd) = (config.sources.nvml.clone(), model.clone(), shutdown.clone());
+        let start =
+            tokio::task::spawn_blocking(move || NvmlSource::build(&cfg, m).map(|s| s.start(sd)));
+        tokio::select! {
+            started = start => match started {
+                Ok(Ok(w)) => workers = Some(w),
+                Ok(Err(e)) => {
+                    // One failing source never stops the others: report it and keep serving.
+                    tracing::error!(error = %format!("{:#}", anyhow::Error::from(e)), "NVML source failed to start; serving without it");
+                }
+                Err(e) => tracing::error!(error = %e, "NVML start-up task failed; serving without it"),
+            },
+            () = signals.wait() => return stop(shutdown, stop_tx, server, None).await,
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
+    }
+    signals.wait().await;
+    stop(shutdown, stop_tx, server, workers).await
+}
+
+/// Shutdown in order: sources, then the HTTP server, each under the deadline.
+async fn stop(
+    shutdown: Shutdown,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    workers: Option<crate::sources::nvml::Workers>,
+) -> anyhow::Result<()> {
+    tracing::info!("shutting down");
+    shutdown.trigger();
+    let _ = stop_tx.send(true);
+    if let Some(server) = server {
+        match tokio::time::timeout(SHUTDOWN_DEADLINE, server).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
+            Err(_) => tracing::warn!("HTTP server did not stop within the deadline"),
+            _ => {}
+        }
+    }
+    if let Some(w) = workers {
+        tokio::task::spawn_blocking(move || w.stop(SHUTDOWN_DEADLINE))
+            .await
+            .ok();
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// SIGTERM and SIGINT, registered as soon as the runtime starts.
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate())
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only"),
+            )
+            .ok();
+        Self { term }
+    }
+
+    async fn wait(&mut self) {
+        match &mut self.term {
+            Some(term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            None => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }
