@@ -267,22 +267,7 @@ fn missing_nvml_library_keeps_the_agent_serving() {
         stderr,
         config,
     };
-    let body = agent.wait_for(Duration::from_secs(20), |m| {
-        m.contains("junction_source_up")
-    });
-    assert_eq!(
-        value(
-            &parse(&body),
-            "junction_source_up",
-            &[("junction_source", "nvml")]
-        ),
-        Some(0.0)
-    );
-    let health = support::get(port, "/healthz", Duration::from_secs(5));
-    assert!(
-        health.is_err(),
-        "/healthz must not answer 200 with the NVML source down"
-    );
+    assert_nvml_down(&mut agent);
     assert!(
         agent.log().contains("NVML source failed to start"),
         "{}",
@@ -302,22 +287,8 @@ fn missing_nvml_library_keeps_the_agent_serving() {
 #[test]
 fn hanging_init_is_reported_and_the_agent_serves() {
     let mut agent = Agent::spawn("init-hang.toml", "current", "init_timeout_secs = 2");
-    let body = agent.wait_for(Duration::from_secs(30), |m| {
-        m.contains("junction_source_up")
-    });
-    assert_eq!(
-        value(
-            &parse(&body),
-            "junction_source_up",
-            &[("junction_source", "nvml")]
-        ),
-        Some(0.0)
-    );
+    let body = assert_nvml_down(&mut agent);
     assert!(!body.contains("hw_status"), "no GPU is known without NVML");
-    assert!(
-        support::get(agent.port, "/healthz", Duration::from_secs(5)).is_err(),
-        "/healthz is not ok"
-    );
     let start = Instant::now();
     while !agent.log().contains("did not return within 2 s") {
         assert!(
@@ -340,4 +311,26 @@ fn hanging_init_is_reported_and_the_agent_serves() {
         pending.terminate().success(),
         "SIGTERM exits 0 while NVML is still starting"
     );
+}
+
+/// `/metrics` answers with the NVML source down and `/healthz` does not answer 200; returns the
+/// scrape.
+fn assert_nvml_down(agent: &mut Agent) -> String {
+    let body = agent.wait_for(Duration::from_secs(30), |m| {
+        m.contains("junction_source_up")
+    });
+    assert_eq!(
+        value(
+            &parse(&body),
+            "junction_source_up",
+            &[("junction_source", "nvml")]
+        ),
+        Some(0.0)
+    );
+    let health = support::get(agent.port, "/healthz", Duration::from_secs(5));
+    assert!(
+        health.is_err(),
+        "/healthz must not answer 200 with the NVML source down"
+    );
+    body
 }
