@@ -16,7 +16,10 @@ use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 struct Measurement {
     label: String,
     window: Duration,
+    /// From per-thread schedstat (ns precision).
     cpu_secs: f64,
+    /// From /proc/PID/stat (10 ms ticks; includes threads that exited), as a cross-check.
+    tick_cpu_secs: f64,
     peak_rss_kib: u64,
     scrapes: u32,
     series: usize,
@@ -144,6 +147,7 @@ fn measure(
             .filter(|l| !l.starts_with('#') && !l.is_empty())
             .count();
         let cpu0 = cpu_secs(pid)?;
+        let threads0 = thread_cpu_ns(pid)?;
         let start = Instant::now();
         let mut seconds = 0;
         let mut scrapes = 0;
@@ -157,10 +161,17 @@ fn measure(
         }
         let elapsed = start.elapsed();
         let cpu = cpu_secs(pid)? - cpu0;
+        let threads = thread_cpu_ns(pid)?;
+        // Per-thread nanoseconds: threads alive at both reads, plus threads started since.
+        let precise_ns: u64 = threads
+            .iter()
+            .map(|(tid, end)| end.saturating_sub(threads0.get(tid).copied().unwrap_or(0)))
+            .sum();
         Ok(Measurement {
             label: label.into(),
             window: elapsed,
-            cpu_secs: cpu,
+            cpu_secs: precise_ns as f64 / 1e9,
+            tick_cpu_secs: cpu,
             peak_rss_kib: peak_rss_kib(pid)?,
             scrapes,
             series,
@@ -186,6 +197,31 @@ fn scrape(port: u16) -> Result<String> {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default())
+}
+
+/// Nanoseconds on CPU per thread, from `/proc/PID/task/TID/schedstat` (nanosecond precision,
+/// unlike the 10 ms ticks of `/proc/PID/stat`; threads that exit take their time with them).
+fn thread_cpu_ns(pid: u32) -> Result<std::collections::BTreeMap<u32, u64>> {
+    let mut out = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let entry = entry?;
+        let Some(tid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(entry.path().join("schedstat")) {
+            let ns = stat
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            out.insert(tid, ns);
+        }
+    }
+    Ok(out)
 }
 
 /// User + system CPU seconds of a process (and its exited children).
@@ -245,18 +281,20 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
     out.push_str(&format!(
         "Every NVML group at a 1 s interval against the NVML simulator (`tests/scenarios/`, a {profile} build of\n\
          `tests/nvml-sim` that runs inside the measured process, so its cost is counted), `/metrics` scraped\n\
-         once a second by the benchmark. CPU is user + system time from `/proc/PID/stat` (10 ms ticks);\n\
-         peak RSS is `VmHWM`. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
+         once a second by the benchmark. CPU is the time on CPU of every thread, from\n\
+         `/proc/PID/task/TID/schedstat` (nanoseconds); the ticks column is user + system time from\n\
+         `/proc/PID/stat` (10 ms ticks) as a cross-check. Peak RSS is `VmHWM`. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
          `LD_LIBRARY_PATH`) at `--interval 1.0`.\n\n\
-         | process | CPU ms per 1 s cycle | % of one core | peak RSS (MiB) | series per scrape | scrapes |\n\
-         |---|---|---|---|---|---|\n"
+         | process | CPU ms per 1 s cycle | % of one core | % of one core (ticks) | peak RSS (MiB) | series per scrape | scrapes |\n\
+         |---|---|---|---|---|---|---|\n"
     ));
     for m in results {
         out.push_str(&format!(
-            "| {} | {:.2} | {:.3} | {:.1} | {} | {} |\n",
+            "| {} | {:.2} | {:.3} | {:.3} | {:.1} | {} | {} |\n",
             m.label,
             m.cpu_ms_per_cycle(),
             m.core_percent(),
+            m.tick_cpu_secs * 100.0 / m.window.as_secs_f64(),
             m.peak_rss_kib as f64 / 1024.0,
             m.series,
             m.scrapes

@@ -47,6 +47,8 @@ impl Shutdown {
 #[derive(Debug, Default)]
 struct Busy {
     call: Option<(&'static str, Instant)>,
+    /// Set by the watchdog when it marked the slot stuck; the worker clears both.
+    stuck: bool,
 }
 
 /// A GPU slot and the call its worker is in.
@@ -87,8 +89,13 @@ impl<'n> Ctx<'n> {
         }
         lock(&self.busy).call = Some((feature, Instant::now()));
         let r = f(&self.dev);
-        lock(&self.busy).call = None;
-        {
+        let was_stuck = {
+            let mut busy = lock(&self.busy);
+            busy.call = None;
+            std::mem::take(&mut busy.stuck)
+        };
+        // Lock order: busy, then slot (as the watchdog); the slot only when it was marked.
+        if was_stuck {
             let mut slot = lock(&self.slot);
             if let Some((call, _)) = slot.stuck.take() {
                 tracing::warn!(gpu = %self.uuid, call, "NVML call returned after its deadline; GPU collecting again");
@@ -266,12 +273,14 @@ pub fn start(
 /// Marks GPUs whose current call has run past `timeout` as stuck (one log line each time).
 fn watchdog(watched: &[Watched], timeout: Duration) {
     for (slot, busy) in watched {
-        let Some((call, since)) = lock(busy).call else {
+        let mut busy = lock(busy);
+        let Some((call, since)) = busy.call else {
             continue;
         };
-        if since.elapsed() < timeout {
+        if busy.stuck || since.elapsed() < timeout {
             continue;
         }
+        busy.stuck = true;
         let mut s = lock(slot);
         if s.stuck.is_none() {
             s.stuck = Some((call, since));
