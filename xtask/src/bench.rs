@@ -16,7 +16,7 @@ use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 struct Measurement {
     label: String,
     window: Duration,
-    /// From per-thread schedstat (ns precision).
+    /// From the cpuacct cgroup (ns), or the ticks where there is none.
     cpu_secs: f64,
     /// From /proc/PID/stat (10 ms ticks; includes threads that exited), as a cross-check.
     tick_cpu_secs: f64,
@@ -146,8 +146,9 @@ fn measure(
             .lines()
             .filter(|l| !l.starts_with('#') && !l.is_empty())
             .count();
+        let acct = CpuAcct::attach(pid);
+        let acct0 = acct.as_ref().and_then(CpuAcct::secs);
         let cpu0 = cpu_secs(pid)?;
-        let threads0 = thread_cpu_ns(pid)?;
         let start = Instant::now();
         let mut seconds = 0;
         let mut scrapes = 0;
@@ -161,16 +162,14 @@ fn measure(
         }
         let elapsed = start.elapsed();
         let cpu = cpu_secs(pid)? - cpu0;
-        let threads = thread_cpu_ns(pid)?;
-        // Per-thread nanoseconds: threads alive at both reads, plus threads started since.
-        let precise_ns: u64 = threads
-            .iter()
-            .map(|(tid, end)| end.saturating_sub(threads0.get(tid).copied().unwrap_or(0)))
-            .sum();
+        let precise = match (acct0, acct.as_ref().and_then(CpuAcct::secs)) {
+            (Some(a), Some(b)) => Some(b - a),
+            _ => None,
+        };
         Ok(Measurement {
             label: label.into(),
             window: elapsed,
-            cpu_secs: precise_ns as f64 / 1e9,
+            cpu_secs: precise.unwrap_or(cpu),
             tick_cpu_secs: cpu,
             peak_rss_kib: peak_rss_kib(pid)?,
             scrapes,
@@ -199,29 +198,45 @@ fn scrape(port: u16) -> Result<String> {
         .unwrap_or_default())
 }
 
-/// Nanoseconds on CPU per thread, from `/proc/PID/task/TID/schedstat` (nanosecond precision,
-/// unlike the 10 ms ticks of `/proc/PID/stat`; threads that exit take their time with them).
-fn thread_cpu_ns(pid: u32) -> Result<std::collections::BTreeMap<u32, u64>> {
-    let mut out = std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let entry = entry?;
-        let Some(tid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|t| t.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Ok(stat) = std::fs::read_to_string(entry.path().join("schedstat")) {
-            let ns = stat
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            out.insert(tid, ns);
-        }
+/// CPU time of a process and every thread it ever had, in nanoseconds, from a cpuacct cgroup
+/// of its own (cgroup v1, as on these machines). `None` where no such cgroup can be made; the
+/// benchmark then uses the 10 ms ticks of `/proc/PID/stat`.
+struct CpuAcct {
+    dir: std::path::PathBuf,
+}
+
+impl CpuAcct {
+    fn attach(pid: u32) -> Option<Self> {
+        let dir = std::path::PathBuf::from(format!("/sys/fs/cgroup/cpuacct/junction-bench-{pid}"));
+        std::fs::create_dir_all(&dir).ok()?;
+        let acct = Self { dir };
+        std::fs::write(acct.dir.join("cgroup.procs"), pid.to_string()).ok()?;
+        Some(acct)
     }
-    Ok(out)
+
+    fn secs(&self) -> Option<f64> {
+        let ns: u64 = std::fs::read_to_string(self.dir.join("cpuacct.usage"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(ns as f64 / 1e9)
+    }
+}
+
+impl Drop for CpuAcct {
+    fn drop(&mut self) {
+        // Hand any process still in it back to the root group, then remove it.
+        if let (Ok(procs), Some(root)) = (
+            std::fs::read_to_string(self.dir.join("cgroup.procs")),
+            self.dir.parent(),
+        ) {
+            for pid in procs.lines() {
+                let _ = std::fs::write(root.join("cgroup.procs"), pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
 }
 
 /// User + system CPU seconds of a process (and its exited children).
@@ -281,9 +296,9 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
     out.push_str(&format!(
         "Every NVML group at a 1 s interval against the NVML simulator (`tests/scenarios/`, a {profile} build of\n\
          `tests/nvml-sim` that runs inside the measured process, so its cost is counted), `/metrics` scraped\n\
-         once a second by the benchmark. CPU is the time on CPU of every thread, from\n\
-         `/proc/PID/task/TID/schedstat` (nanoseconds); the ticks column is user + system time from\n\
-         `/proc/PID/stat` (10 ms ticks) as a cross-check. Peak RSS is `VmHWM`. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
+         once a second by the benchmark. CPU is the process's CPU time, threads that exited included,\n\
+         from a cpuacct cgroup of its own (`cpuacct.usage`, nanoseconds); the ticks column is user +\n\
+         system time from `/proc/PID/stat` (10 ms ticks) as a cross-check. Peak RSS is `VmHWM`. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
          `LD_LIBRARY_PATH`) at `--interval 1.0`.\n\n\
          | process | CPU ms per 1 s cycle | % of one core | % of one core (ticks) | peak RSS (MiB) | series per scrape | scrapes |\n\
          |---|---|---|---|---|---|---|\n"
