@@ -4,8 +4,8 @@
 # The same steps run through `cargo xtask build-ebpf` and `cargo build --release` in CI.
 
 FROM rust:1.95-bookworm AS build
-# Not finished: `cargo xtask build-ebpf` installs LLVM 22 with apt-get, which this base image's
-# repositories do not carry yet (the deployment work adds the LLVM apt source).
+# Not finished: `cargo xtask build-ebpf` installs LLVM 22 with apt-get; whether this base image's
+# apt sources carry it is unchecked (the deployment work settles the LLVM source).
 RUN rustup toolchain install nightly --component rust-src
 WORKDIR /src
 COPY . .
