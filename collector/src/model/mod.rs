@@ -121,8 +121,6 @@ pub struct GpuSlot {
     pub timeouts: u64,
     /// Failed reads per feature.
     pub errors: BTreeMap<&'static str, u64>,
-    /// When a group last published.
-    pub updated: Option<Instant>,
 }
 
 impl GpuSlot {
@@ -136,7 +134,6 @@ impl GpuSlot {
             stuck: None,
             timeouts: 0,
             errors: BTreeMap::new(),
-            updated: None,
         }
     }
 }

@@ -354,7 +354,7 @@ pub fn metrics_markdown() -> String {
         };
         let mut attrs = vec!["hw.id"];
         attrs.extend(d.attrs.iter().copied().filter(|a| *a != "hw.id"));
-        if d.group == Group::Status && d.name.starts_with("junction.source") {
+        if d.name == "junction.source.up" {
             attrs.retain(|a| *a != "hw.id");
         }
         let attrs = attrs
@@ -373,7 +373,6 @@ pub fn metrics_markdown() -> String {
             d.source,
             d.group.name()
         );
-        let _ = d.help;
     }
     out.push_str("\n## Descriptions\n\n");
     for d in REGISTRY {

@@ -406,7 +406,6 @@ fn run_gpu(
 fn publish(slot: &Mutex<GpuSlot>, group: Group, samples: Vec<Sample>) {
     let mut s = lock(slot);
     s.groups[group.index()] = Arc::new(samples);
-    s.updated = Some(Instant::now());
 }
 
 fn mark_failed(slot: &Mutex<GpuSlot>, reason: String) {
