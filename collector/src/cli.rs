@@ -61,8 +61,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         // Down until it has started: /healthz answers 503 meanwhile.
         model.set_source_up("nvml", false);
         let (cfg, m, sd) = (config.sources.nvml.clone(), model.clone(), shutdown.clone());
+        let proc_root = config.proc_root.clone();
         let start =
-            tokio::task::spawn_blocking(move || NvmlSource::build(&cfg, m).map(|s| s.start(sd)));
+            tokio::task::spawn_blocking(move || NvmlSource::build(&cfg, &proc_root, m).map(|s| s.start(sd)));
         tokio::select! {
             started = start => match started {
                 Ok(Ok(w)) => workers = Some(w),
@@ -142,7 +143,7 @@ fn collect_once(config: &Config) -> anyhow::Result<Arc<Model>> {
         "sources.nvml is disabled: nothing to collect"
     );
     let model = Model::new();
-    let source = NvmlSource::build(&config.sources.nvml, model).context("NVML source failed")?;
+    let source = NvmlSource::build(&config.sources.nvml, &config.proc_root, model)?;
     Ok(source.collect_once())
 }
 
@@ -170,7 +171,7 @@ pub fn inventory(config: Config, format: InventoryFormat) -> anyhow::Result<()> 
                     serde_json::json!({
                         "gpu": g.info,
                         "state": g.state,
-                        "reason": g.reason,
+                        "reason": g.reason.as_ref().map(|r| &r.1),
                         "supported_metrics": supported(g),
                         "disabled": g.disabled,
                     })
@@ -204,7 +205,7 @@ pub fn inventory(config: Config, format: InventoryFormat) -> anyhow::Result<()> 
                     i.vbios.as_deref().unwrap_or("-"),
                     g.state.as_str()
                 );
-                if let Some(r) = &g.reason {
+                if let Some((_, r)) = &g.reason {
                     let _ = writeln!(out, "  reason: {r}");
                 }
                 let _ = writeln!(out, "  supported: {}", supported(g).join(", "));
@@ -251,7 +252,7 @@ fn json(model: &Model) -> serde_json::Value {
                     serde_json::json!({ "name": s.metric.desc().name, "unit": s.metric.desc().unit, "attributes": attrs, "value": s.value })
                 })
                 .collect();
-            serde_json::json!({ "gpu": g.info, "state": g.state, "reason": g.reason, "metrics": metrics })
+            serde_json::json!({ "gpu": g.info, "state": g.state, "reason": g.reason.as_ref().map(|r| &r.1), "metrics": metrics })
         })
         .collect();
     serde_json::json!({ "driver": model.driver(), "gpus": gpus })
@@ -363,7 +364,7 @@ fn table(model: &Model) -> String {
             out,
             "GPU {}: {}",
             g.info.index,
-            g.reason.as_deref().unwrap_or_default()
+            g.reason.as_ref().map(|r| r.1.as_str()).unwrap_or_default()
         );
     }
     out

@@ -3,6 +3,7 @@
 mod cli;
 mod config;
 mod model;
+mod shutdown;
 mod sinks;
 mod sources;
 

@@ -416,10 +416,11 @@ fn every_family_has_the_scenario_values() {
         "gpm pcie rx",
     );
 
-    // nothing disabled on a current H100 but page retirement
+    // Nothing disabled on a current H100 but page retirement (3 features) and the Blackwell
+    // link-recovery fields, one feature per link (18).
     close(
         on("junction_nvml_disabled_features", g0, &[]),
-        3.0,
+        21.0,
         "disabled features",
     );
     assert!(agent.terminate().success());
@@ -729,44 +730,49 @@ fn prometheus_scrapes_and_queries() {
 fn gpm_per_mig_instance() {
     let mut agent = Agent::start("h100-mig.toml", "current");
     let body = agent.wait_for(Duration::from_secs(20), |m| {
-        m.contains("gpu_sm_activity_ratio{hw_id=\"MIG-")
+        m.contains("gpu_mig_gpu_instance_id=\"5\"") && m.contains("gpu_sm_activity_ratio")
+            && m.lines().any(|l| l.starts_with("gpu_sm_activity_ratio") && l.contains("gpu_mig_gpu_instance_id=\"3\""))
     });
     let s = parse(&body);
-    let a = [("hw_id", "MIG-4a5b6c7d-0000-5000-9000-000000000001")];
-    let b = [("hw_id", "MIG-4a5b6c7d-0000-5000-9000-000000000002")];
-    close(
-        value(&s, "gpu_sm_activity_ratio", &a),
-        0.71,
-        "instance 3 SM activity",
-    );
-    close(
-        value(&s, "gpu_sm_activity_ratio", &b),
-        0.12,
-        "instance 5 SM activity",
-    );
-    close(
-        value(&s, "gpu_dram_activity_ratio", &b),
-        0.04,
-        "instance 5 DRAM",
-    );
-    let mut tensor = a.to_vec();
-    tensor.push(("gpu_pipe", "tensor"));
-    close(
-        value(&s, "gpu_pipe_activity_ratio", &tensor),
-        0.40,
-        "instance 3 tensor",
-    );
-    let m = s
-        .iter()
-        .find(|x| x.name == "gpu_sm_activity_ratio" && x.labels["hw_id"] == a[0].1)
-        .expect("series");
-    assert_eq!(m.labels["gpu_mig_gpu_instance_id"], "3");
-    assert!(m.labels["hw_parent"].starts_with("GPU-"), "{m:?}");
-    // The whole GPU keeps its own GPM series.
     let gpu = support::uuids(&s)[0].clone();
-    close(
-        value(&s, "gpu_sm_activity_ratio", &[("hw_id", gpu.as_str())]),
-        0.88,
-        "GPU SM activity",
-    );
+    let gi = |n: &'static str| [("hw_id", gpu.clone()), ("gpu_mig_gpu_instance_id", n.to_string())];
+    let on = |name: &str, labels: &[(&str, String)]| {
+        let l: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        value(&s, name, &l)
+    };
+    close(on("gpu_sm_activity_ratio", &gi("3")), 0.71, "instance 3 SM activity");
+    close(on("gpu_sm_activity_ratio", &gi("5")), 0.12, "instance 5 SM activity");
+    close(on("gpu_dram_activity_ratio", &gi("5")), 0.04, "instance 5 DRAM");
+    let mut tensor = gi("3").to_vec();
+    tensor.push(("gpu_pipe", "tensor".into()));
+    close(on("gpu_pipe_activity_ratio", &tensor), 0.40, "instance 3 tensor");
+    // GPU instance 5 holds two compute instances: sampled once, one series.
+    let per_gi = s
+        .iter()
+        .filter(|x| x.name == "gpu_sm_activity_ratio" && x.labels.get("gpu_mig_gpu_instance_id").map(String::as_str) == Some("5"))
+        .count();
+    assert_eq!(per_gi, 1, "one series per GPU instance");
+    // Both compute instances of GPU instance 5 are MIG devices with their own memory.
+    for uuid in [
+        "MIG-4a5b6c7d-0000-5000-9000-000000000002",
+        "MIG-4a5b6c7d-0000-5000-9000-000000000003",
+    ] {
+        let m = s
+            .iter()
+            .find(|x| x.name == "gpu_mig_memory_usage_bytes" && x.labels["hw_id"] == uuid)
+            .unwrap_or_else(|| panic!("MIG device {uuid}"));
+        assert_eq!(m.labels["gpu_mig_gpu_instance_id"], "5");
+        assert_eq!(m.labels["hw_parent"], gpu);
+    }
+    // The whole GPU keeps its own GPM series (no instance label).
+    let whole: Vec<_> = s
+        .iter()
+        .filter(|x| {
+            x.name == "gpu_sm_activity_ratio"
+                && x.labels["hw_id"] == gpu
+                && !x.labels.contains_key("gpu_mig_gpu_instance_id")
+        })
+        .collect();
+    assert_eq!(whole.len(), 1, "{whole:?}");
+    close(Some(whole[0].value), 0.88, "GPU SM activity");
 }

@@ -13,7 +13,7 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   build-ebpf        build the BPF programs (installs nightly rust-src, LLVM 22 and bpf-linker if missing)
-  nvml-sim          build the NVML simulator library (current and legacy builds) and print its path
+  nvml-sim          build the NVML simulator library (one build per driver branch) and print its path
   docs              regenerate METRICS.md, docs/CONFIG.md and config/junction.toml
   demo              run Junction on the simulated 8x H100 node: print the table, serve /metrics
   test              install what the tests need, then run every check and test
@@ -94,7 +94,8 @@ fn build_ebpf() -> Result<PathBuf> {
     Ok(obj)
 }
 
-/// Builds both simulator variants into `target/nvml-sim/{current,legacy}/libnvidia-ml.so.1`
+/// Builds every simulator variant (driver branch) into
+/// `target/nvml-sim/{current,legacy,r535,future}/libnvidia-ml.so.1`
 /// (debug builds; `release` for the benchmarks, where the simulator's own cost runs inside the
 /// measured process and must stay small).
 pub fn nvml_sim() -> Result<PathBuf> {
@@ -105,7 +106,12 @@ pub fn nvml_sim() -> Result<PathBuf> {
 pub fn nvml_sim_profile(release: bool) -> Result<PathBuf> {
     let out = root().join("target/nvml-sim");
     let profile = if release { "release" } else { "debug" };
-    for (variant, features) in [("legacy", Some("legacy")), ("current", None)] {
+    for (variant, features) in [
+        ("legacy", Some("legacy")),
+        ("r535", Some("r535")),
+        ("future", Some("future")),
+        ("current", None),
+    ] {
         let mut c = cargo();
         c.args(["build", "--quiet", "-p", "nvml-sim"]);
         if release {

@@ -61,7 +61,10 @@ pub fn example_config() -> String {
     walk(&table, Config::fields().unwrap_or(&[]), "", "", &mut |s| {
         out.push('\n');
         comment(&mut out, s.doc);
-        let _ = writeln!(out, "[{}]", s.path);
+        // Top-level keys come first, before any table.
+        if !s.path.is_empty() {
+            let _ = writeln!(out, "[{}]", s.path);
+        }
         for f in s.scalars {
             if let Some(v) = s.defaults.get(f.name) {
                 comment(&mut out, f.doc);
@@ -95,10 +98,14 @@ pub fn reference() -> String {
     );
     let table = defaults();
     walk(&table, Config::fields().unwrap_or(&[]), "", "", &mut |s| {
+        let title = if s.path.is_empty() {
+            "Top level".to_string()
+        } else {
+            format!("`[{}]`", s.path)
+        };
         let _ = writeln!(
             out,
-            "\n## `[{}]`\n\n| key | type | default | meaning |\n|---|---|---|---|",
-            s.path
+            "\n## {title}\n\n| key | type | default | meaning |\n|---|---|---|---|"
         );
         for f in s.scalars {
             let default = s

@@ -81,6 +81,10 @@ pub(crate) use config_section;
 config_section! {
     /// The whole configuration file.
     pub struct Config {
+        /// Where the host's `/proc` is: `/host/proc` in a container that mounts the host's.
+        /// Process names and container ids are read there; NVML and eBPF report host pids,
+        /// so a container needs the host's pid namespace (`hostPID`). Default: "/proc".
+        pub proc_root: PathBuf = PathBuf::from("/proc"),
         /// Where data comes from.
         pub sources: Sources = Sources::default(),
         /// Where data goes.

@@ -102,6 +102,47 @@ impl HealthState {
     }
 }
 
+/// A feature of a GPU that can be unsupported on its own: an NVML call, optionally for one
+/// link, fan or counter index, so that one unsupported link does not switch off its siblings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Feature {
+    /// The feature (also the `junction.stage` of its errors).
+    pub name: &'static str,
+    /// The link, fan or other index it applies to.
+    pub index: Option<u32>,
+}
+
+impl Feature {
+    /// A feature at an index (an NVLink link, a fan).
+    pub const fn at(name: &'static str, index: u32) -> Self {
+        Self {
+            name,
+            index: Some(index),
+        }
+    }
+}
+
+impl From<&'static str> for Feature {
+    fn from(name: &'static str) -> Self {
+        Self { name, index: None }
+    }
+}
+
+impl std::fmt::Display for Feature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.index {
+            Some(i) => write!(f, "{}[{i}]", self.name),
+            None => f.write_str(self.name),
+        }
+    }
+}
+
+impl serde::Serialize for Feature {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// What the model holds for one GPU.
 #[derive(Debug, Clone)]
 pub struct GpuSlot {
@@ -111,10 +152,10 @@ pub struct GpuSlot {
     pub groups: Vec<Arc<Vec<Sample>>>,
     /// Current state and why.
     pub state: HealthState,
-    /// Why the state is not ok.
-    pub reason: Option<String>,
+    /// Why the state is not ok: a code from a closed set (an attribute value) and a sentence.
+    pub reason: Option<(&'static str, String)>,
     /// Features disabled on this GPU and why (NOT_SUPPORTED, symbol missing).
-    pub disabled: BTreeMap<&'static str, String>,
+    pub disabled: BTreeMap<Feature, String>,
     /// An NVML call running past its deadline: the call and since when.
     pub stuck: Option<(&'static str, Instant)>,
     /// NVML calls that ran past the deadline.
@@ -242,6 +283,13 @@ pub fn status_samples(slot: &GpuSlot, driver: Option<&DriverInfo>) -> Vec<Sample
             Sample::new(Metric::Status, f64::from(u8::from(slot.state == s)))
                 .with("hw.type", "gpu")
                 .with("hw.state", s.as_str()),
+        );
+    }
+    if let Some((code, _)) = &slot.reason {
+        out.push(
+            Sample::new(Metric::HealthReason, 1.0)
+                .with("hw.type", "gpu")
+                .with("gpu.health.reason", *code),
         );
     }
     out.push(Sample::new(Metric::NvmlTimeouts, slot.timeouts as f64));

@@ -121,7 +121,9 @@ registry! {
     Info = "gpu.info", "{info}", Gauge, ["hw.name", "hw.vendor", "hw.model", "hw.serial_number", "hw.driver_version", "hw.firmware_version", "gpu.index", "gpu.minor_number", "gpu.pci.bdf", "gpu.cuda_driver_version"], Status,
         "nvmlDeviceGetName/Serial/PciInfo_v3/MinorNumber/VbiosVersion, nvmlSystemGetDriverVersion", "GPU identity; always 1.";
     Status = "hw.status", "1", UpDownCounter, ["hw.type", "hw.state"], Status,
-        "derived (lost GPU, stuck NVML call)", "1 for the GPU's current state (ok, degraded, failed, predicted_failure), 0 for the others.";
+        "derived (lost GPU, reset required, stuck NVML call)", "1 for the GPU's current state (ok, degraded, failed, predicted_failure), 0 for the others.";
+    HealthReason = "gpu.health.reason", "{state}", Gauge, ["hw.type", "gpu.health.reason"], Status,
+        "derived", "1 for each reason the GPU is not ok: gpu_lost, reset_required (NVML_ERROR_RESET_REQUIRED), gpu_unreachable, nvml_call_stuck.";
     Utilization = "hw.gpu.utilization", "1", Gauge, ["hw.gpu.task"], Utilization,
         "nvmlDeviceGetUtilizationRates, nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization", "Fraction of time the GPU (general), encoder or decoder was busy.";
     MemoryUtilization = "hw.gpu.memory.utilization", "1", Gauge, [], Utilization,
@@ -145,9 +147,9 @@ registry! {
     Energy = "hw.energy", "J", Counter, ["hw.type"], Power,
         "nvmlDeviceGetTotalEnergyConsumption (mJ)", "Energy consumed since the driver was loaded.";
     Temperature = "hw.temperature", "Cel", Gauge, ["hw.sensor_location"], Temperature,
-        "nvmlDeviceGetTemperature (gpu_die), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction)", "GPU die and memory-junction (HBM) temperature.";
+        "nvmlDeviceGetTemperatureV (gpu_die; nvmlDeviceGetTemperature on older drivers), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction)", "GPU die and memory-junction (HBM) temperature.";
     TemperatureLimit = "hw.temperature.limit", "Cel", Gauge, ["hw.sensor_location", "hw.limit_type"], Temperature,
-        "nvmlDeviceGetTemperatureThreshold", "Temperature thresholds: slowdown, shutdown, max operating (die and memory).";
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_TEMPERATURE_*_TLIMIT) (nvmlDeviceGetTemperatureThreshold on older drivers)", "Temperature thresholds: slowdown, shutdown, max operating (die and memory).";
     FanSpeed = "hw.fan.speed_ratio", "1", Gauge, ["hw.fan.index"], Temperature,
         "nvmlDeviceGetNumFans, nvmlDeviceGetFanSpeed_v2", "Fan speed as a fraction of its maximum.";
     ClockFrequency = "gpu.clock.frequency", "Hz", Gauge, ["gpu.clock.domain"], Clocks,
@@ -157,9 +159,9 @@ registry! {
     PerformanceState = "gpu.performance_state", "{pstate}", Gauge, [], Clocks,
         "nvmlDeviceGetPerformanceState", "Performance state, 0 (P0, highest) to 15.";
     ClockEvent = "gpu.clock.event.active", "{state}", Gauge, ["gpu.clock.event.reason"], Clocks,
-        "nvmlDeviceGetCurrentClocksThrottleReasons", "1 while the clock event (throttle) reason is active.";
+        "nvmlDeviceGetCurrentClocksEventReasons (…ThrottleReasons on older drivers)", "1 while the clock event (throttle) reason is active.";
     ViolationTime = "gpu.violation.time", "s", Counter, ["gpu.violation.type"], Clocks,
-        "nvmlDeviceGetViolationStatus (ns)", "Time the GPU was held below its clocks by the power or thermal policy.";
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_PERF_POLICY_POWER/THERMAL, NVML_FI_DEV_CLOCKS_EVENT_REASON_*) (ns; nvmlDeviceGetViolationStatus on older drivers)", "Time the GPU was held below its clocks: power, thermal, sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown.";
     EccErrors = "hw.errors", "{error}", Counter, ["hw.type", "error.type", "gpu.ecc.counter"], Errors,
         "nvmlDeviceGetTotalEccErrors", "ECC errors: corrected or uncorrected; volatile (since driver load) or aggregate (lifetime).";
     RetiredPages = "gpu.memory.retired_pages", "{page}", UpDownCounter, ["gpu.retirement.cause"], Errors,
@@ -173,7 +175,7 @@ registry! {
     RemapFailure = "gpu.memory.remap.failure", "{state}", Gauge, [], Errors,
         "nvmlDeviceGetRemappedRows", "1 if a row remap has failed: the GPU needs service.";
     RecoveryAction = "gpu.recovery_action", "{state}", Gauge, ["gpu.recovery_action"], Errors,
-        "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)", "1 for the recovery action the driver asks for (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset).";
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)", "1 for the recovery action the driver asks for (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, recover_imex_domain; unknown for a value newer than Junction).";
     PcieThroughput = "gpu.pcie.throughput", "By/s", Gauge, ["network.io.direction"], Pcie,
         "nvmlDeviceGetPcieThroughput (KiB/s)", "PCIe throughput over the last 20 ms.";
     PcieReplay = "gpu.pcie.replay", "{replay}", Counter, [], Pcie,
@@ -187,13 +189,15 @@ registry! {
     NvlinkIo = "gpu.nvlink.io", "By", Counter, ["gpu.nvlink.link", "network.io.direction"], Nvlink,
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX) (KiB)", "NVLink data bytes transmitted and received.";
     NvlinkErrors = "gpu.nvlink.errors", "{error}", Counter, ["gpu.nvlink.link", "gpu.nvlink.error.type"], Nvlink,
-        "nvmlDeviceGetNvLinkErrorCounter", "NVLink errors: replay, recovery, crc_flit, crc_data.";
+        "nvmlDeviceGetNvLinkErrorCounter", "NVLink errors: replay, recovery, crc_flit, crc_data, ecc_data.";
+    NvlinkRecovery = "gpu.nvlink.link_recovery", "{event}", Counter, ["gpu.nvlink.link", "gpu.nvlink.recovery.outcome"], Nvlink,
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*) per link", "NVLink link-recovery events: successful, failed, all (Blackwell and newer).";
     ProcessCount = "gpu.processes", "{process}", UpDownCounter, ["gpu.process.type"], Processes,
         "nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetGraphicsRunningProcesses_v3", "Processes with a compute or graphics context on the GPU.";
     ProcessMemory = "gpu.process.memory.usage", "By", UpDownCounter, ["process.pid", "process.executable.name", "gpu.process.type", "gpu.mig.gpu_instance_id"], Processes,
-        "nvmlDeviceGetComputeRunningProcesses_v3, nvmlSystemGetProcessName", "Device memory used by a process (capped per GPU by max_processes_per_gpu).";
+        "nvmlDeviceGet{Compute,Graphics}RunningProcesses_v3 (entry size read off the driver's answer), /proc/PID/exe or nvmlSystemGetProcessName", "Device memory used by a process (capped per GPU by max_processes_per_gpu); absent when the driver does not know it.";
     ProcessUtilization = "gpu.process.utilization", "1", Gauge, ["process.pid", "process.executable.name", "hw.gpu.task"], Processes,
-        "nvmlDeviceGetProcessUtilization", "Fraction of the last sample period a process kept the SMs (general), memory, encoder or decoder busy.";
+        "nvmlDeviceGetProcessUtilization (newest sample per pid)", "Fraction of the last sample period a process kept the SMs (general), memory, encoder or decoder busy.";
     MigMode = "gpu.mig.mode", "{state}", Gauge, [], Mig,
         "nvmlDeviceGetMigMode", "1 if MIG mode is enabled.";
     MigMemoryUsage = "gpu.mig.memory.usage", "By", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id"], Mig,
@@ -202,19 +206,19 @@ registry! {
         "nvmlDeviceGetMemoryInfo_v2", "Memory of a MIG instance (hw.id is the MIG UUID).";
     MigProcesses = "gpu.mig.processes", "{process}", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id"], Mig,
         "nvmlDeviceGetComputeRunningProcesses_v3 on the MIG handle", "Compute processes in a MIG instance.";
-    GpmSmActivity = "gpu.sm.activity", "1", Gauge, [], Gpm,
+    GpmSmActivity = "gpu.sm.activity", "1", Gauge, ["gpu.mig.gpu_instance_id"], Gpm,
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL)", "Fraction of SMs busy, averaged over the GPM interval (DCGM PROF_SM_ACTIVE).";
-    GpmSmOccupancy = "gpu.sm.occupancy", "1", Gauge, [], Gpm,
+    GpmSmOccupancy = "gpu.sm.occupancy", "1", Gauge, ["gpu.mig.gpu_instance_id"], Gpm,
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_OCCUPANCY)", "Resident warps as a fraction of the maximum (DCGM PROF_SM_OCCUPANCY).";
-    GpmGraphicsActivity = "gpu.graphics.activity", "1", Gauge, [], Gpm,
+    GpmGraphicsActivity = "gpu.graphics.activity", "1", Gauge, ["gpu.mig.gpu_instance_id"], Gpm,
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_GRAPHICS_UTIL)", "Fraction of time the graphics engine was active (DCGM PROF_GR_ENGINE_ACTIVE).";
-    GpmPipeActivity = "gpu.pipe.activity", "1", Gauge, ["gpu.pipe"], Gpm,
+    GpmPipeActivity = "gpu.pipe.activity", "1", Gauge, ["gpu.pipe", "gpu.mig.gpu_instance_id"], Gpm,
         "nvmlGpmMetricsGet(ANY_TENSOR/DFMA_TENSOR/FP64/FP32/FP16_UTIL)", "Fraction of cycles a pipe was active: tensor, tensor_dfma, fp64, fp32, fp16.";
-    GpmDramActivity = "gpu.dram.activity", "1", Gauge, [], Gpm,
+    GpmDramActivity = "gpu.dram.activity", "1", Gauge, ["gpu.mig.gpu_instance_id"], Gpm,
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_DRAM_BW_UTIL)", "DRAM bandwidth used as a fraction of peak (DCGM PROF_DRAM_ACTIVE).";
-    GpmPcieThroughput = "gpu.gpm.pcie.throughput", "By/s", Gauge, ["network.io.direction"], Gpm,
+    GpmPcieThroughput = "gpu.gpm.pcie.throughput", "By/s", Gauge, ["network.io.direction", "gpu.mig.gpu_instance_id"], Gpm,
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_PCIE_TX/RX_PER_SEC) (MiB/s)", "PCIe bytes per second over the GPM interval.";
-    GpmNvlinkThroughput = "gpu.gpm.nvlink.throughput", "By/s", Gauge, ["network.io.direction"], Gpm,
+    GpmNvlinkThroughput = "gpu.gpm.nvlink.throughput", "By/s", Gauge, ["network.io.direction", "gpu.mig.gpu_instance_id"], Gpm,
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX/RX_PER_SEC) (MiB/s)", "NVLink bytes per second over the GPM interval, all links.";
     SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,
         "agent", "1 while a source is running and answering.";
@@ -339,9 +343,10 @@ pub fn metrics_markdown() -> String {
          Generated from the metric registry (`collector/src/model/registry.rs`) by `cargo xtask docs`;\n\
          do not edit by hand. Names follow the OpenTelemetry hardware semantic conventions first\n\
          (`hw.*`), then `gpu.*`; Prometheus names are the standard OTLP-to-Prometheus translation.\n\
-         Every per-GPU series carries `hw.id` (the GPU UUID). Series of a MIG instance (`gpu.mig.*`, and the GPM\n\
-         metrics sampled per GPU instance) carry its MIG UUID as `hw.id`, with `hw.parent` = the GPU UUID\n\
-         and `gpu.mig.gpu_instance_id`.\n\
+         Every per-GPU series carries `hw.id` (the GPU UUID). Series of a MIG device (`gpu.mig.*`) carry its\n\
+         MIG UUID as `hw.id`, with `hw.parent` = the GPU UUID and `gpu.mig.gpu_instance_id`. GPM metrics\n\
+         sampled per GPU instance carry the GPU's `hw.id` and `gpu.mig.gpu_instance_id` (a GPU instance with\n\
+         several compute instances is sampled once).\n\
          A metric whose NVML call is not supported on a GPU is absent for that GPU (see `junction inventory`).\n\n\
          | name | Prometheus name | unit | type | attributes | NVML source | group |\n\
          |---|---|---|---|---|---|---|\n",

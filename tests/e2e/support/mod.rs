@@ -70,10 +70,19 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// An empty directory to stand for `/proc`: the simulator's pids are made up, and a real
+/// process that happens to have one of them must not lend it its name.
+pub fn empty_proc() -> PathBuf {
+    let dir = std::env::temp_dir().join("junction-e2e-empty-proc");
+    std::fs::create_dir_all(&dir).expect("create empty proc dir");
+    dir
+}
+
 /// A config that points at the simulator and collects every group every second.
 pub fn sim_config(variant: &str, port: u16, extra: &str) -> String {
     let mut s = format!(
-        "[sources.nvml]\nlibrary = {:?}\ncall_timeout_ms = 500\n{extra}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
+        "proc_root = {:?}\n\n[sources.nvml]\nlibrary = {:?}\ncall_timeout_ms = 500\n{extra}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
+        empty_proc().display().to_string(),
         sim_lib(variant).display().to_string()
     );
     for g in [

@@ -5,7 +5,7 @@ use std::os::raw::{c_int, c_uint, c_ulonglong};
 
 use nvml_wrapper_sys::bindings::{
     nvmlBAR1Memory_t, nvmlDevice_t, nvmlFieldValue_t, nvmlMemory_t, nvmlReturn_t,
-    nvmlUtilization_t, nvmlViolationTime_t,
+    nvmlUtilization_t,
 };
 
 use crate::state::*;
@@ -29,6 +29,11 @@ fn vull(call: &'static str, device: nvmlDevice_t, key: &str) -> Result<c_ulonglo
 export!(
     fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) {
         let (sim, g) = gpu(device, "nvmlDeviceGetUtilizationRates")?;
+        // Device utilization is not available on the parent GPU while MIG is on (DCGM's
+        // DCGM_FI_DEV_GPU_UTIL is blank in MIG mode for the same reason).
+        if sim.mig_on(g) == Some(true) {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
         let u = nvmlUtilization_t {
             gpu: value(sim, g, "gpu_util")?.round() as c_uint,
             memory: value(sim, g, "mem_util")?.round() as c_uint,
@@ -209,6 +214,9 @@ export!(
     }
 );
 
+// Deprecated in CUDA 13 (replaced by `nvmlDeviceGetTemperatureV`): absent from the
+// `future` build.
+#[cfg(not(feature = "future"))]
 export!(
     fn nvmlDeviceGetTemperature(device: nvmlDevice_t, sensor: c_uint, temp: *mut c_uint) {
         if sensor != 0 {
@@ -221,6 +229,9 @@ export!(
     }
 );
 
+// Deprecated on Ada and newer in CUDA 13 (replaced by the `*_TLIMIT` fields): absent from
+// the `future` build.
+#[cfg(not(feature = "future"))]
 export!(
     fn nvmlDeviceGetTemperatureThreshold(device: nvmlDevice_t, kind: c_uint, temp: *mut c_uint) {
         let key = match kind {
@@ -234,6 +245,33 @@ export!(
             temp,
             vu("nvmlDeviceGetTemperatureThreshold", device, key)?,
         ))
+    }
+);
+
+/// `nvmlTemperature_v1_t`'s version word: `sizeof | 1 << 24`.
+#[cfg(not(any(feature = "legacy", feature = "r535")))]
+const TEMPERATURE_V1: c_uint =
+    std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlTemperature_v1_t>() as c_uint | 1 << 24;
+
+// The versioned temperature call of newer drivers.
+#[cfg(not(any(feature = "legacy", feature = "r535")))]
+export!(
+    fn nvmlDeviceGetTemperatureV(
+        device: nvmlDevice_t,
+        temp: *mut nvml_wrapper_sys::bindings::nvmlTemperature_t,
+    ) {
+        if temp.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        if (*temp).version != TEMPERATURE_V1 {
+            return Err(ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        if (*temp).sensorType != 0 {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let v = v("nvmlDeviceGetTemperatureV", device, "temp_gpu")?;
+        (*temp).temperature = v.round() as c_int;
+        Ok(SUCCESS)
     }
 );
 
@@ -305,6 +343,8 @@ export!(
     }
 );
 
+// Deprecated (renamed to `…ClocksEventReasons`): absent from the `future` build.
+#[cfg(not(feature = "future"))]
 export!(
     fn nvmlDeviceGetCurrentClocksThrottleReasons(device: nvmlDevice_t, reasons: *mut c_ulonglong) {
         Ok(put(
@@ -332,6 +372,7 @@ export!(
     }
 );
 
+#[cfg(not(feature = "future"))]
 export!(
     fn nvmlDeviceGetSupportedClocksThrottleReasons(
         device: nvmlDevice_t,
@@ -342,11 +383,14 @@ export!(
     }
 );
 
+// Deprecated in CUDA 13 (replaced by the clock-event-reason fields): absent from the
+// `future` build.
+#[cfg(not(feature = "future"))]
 export!(
     fn nvmlDeviceGetViolationStatus(
         device: nvmlDevice_t,
         policy: c_uint,
-        time: *mut nvmlViolationTime_t,
+        time: *mut nvml_wrapper_sys::bindings::nvmlViolationTime_t,
     ) {
         let key = match policy {
             0 => "violation_power_ns",
@@ -360,7 +404,7 @@ export!(
             .unwrap_or(0);
         Ok(put(
             time,
-            nvmlViolationTime_t {
+            nvml_wrapper_sys::bindings::nvmlViolationTime_t {
                 referenceTime: now_us,
                 violationTime: ns,
             },
@@ -485,6 +529,11 @@ export!(
         failure: *mut c_uint,
     ) {
         let c = "nvmlDeviceGetRemappedRows";
+        let (sim, g) = gpu(device, c)?;
+        // Not supported on the parent GPU while MIG is on.
+        if sim.mig_on(g) == Some(true) {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
         let (a, b, p, f) = (
             vu(c, device, "remap_correctable")?,
             vu(c, device, "remap_uncorrectable")?,
@@ -584,6 +633,7 @@ export!(
             1 => "nvlink_recovery",
             2 => "nvlink_crc_flit",
             3 => "nvlink_crc_data",
+            4 => "nvlink_ecc_data",
             _ => return Err(ERROR_INVALID_ARGUMENT),
         };
         Ok(put(
@@ -594,14 +644,48 @@ export!(
 );
 
 /// Field ids the simulator answers (nvml.h numbering).
+const FI_PERF_POLICY_POWER: u32 = 74;
+const FI_PERF_POLICY_THERMAL: u32 = 75;
 const FI_MEMORY_TEMP: u32 = 82;
 const FI_NVLINK_LINK_COUNT: u32 = 91;
 const FI_NVLINK_TX: u32 = 138;
 const FI_NVLINK_RX: u32 = 139;
+const FI_TEMP_SHUTDOWN_TLIMIT: u32 = 193;
+const FI_TEMP_SLOWDOWN_TLIMIT: u32 = 194;
+const FI_TEMP_MEM_MAX_TLIMIT: u32 = 195;
+const FI_TEMP_GPU_MAX_TLIMIT: u32 = 196;
+const FI_NVLINK_RECOVERY_SUCCESSFUL: u32 = 213;
+const FI_NVLINK_RECOVERY_FAILED: u32 = 214;
+const FI_NVLINK_RECOVERY_EVENTS: u32 = 215;
 const FI_RECOVERY_ACTION: u32 = 230;
+/// The clock-event-reason time counters in CUDA 12 / 13.0 numbering (`_SW_THERM_SLOWDOWN`,
+/// `_HW_THERM_SLOWDOWN`, `_HW_POWER_BRAKE_SLOWDOWN`). Drivers from 580.82 (CUDA 13.0
+/// Update 1) renumbered 251–273: these three became 269–271 and 251–268 became the power
+/// smoothing fields (NVML "known issues" page; nvml-wrapper's `FieldIdScheme`).
+const FI_CLOCKS_EVENT_SW_THERM: u32 = 251;
+const FI_CLOCKS_EVENT_HW_THERM: u32 = 252;
+const FI_CLOCKS_EVENT_HW_POWER_BRAKE: u32 = 253;
 /// nvmlValueType_t
+const VALUE_DOUBLE: u32 = 0;
 const VALUE_UINT: u32 = 1;
 const VALUE_ULL: u32 = 3;
+const VALUE_SINT: u32 = 5;
+
+/// True if the driver version uses the CUDA 13.0 Update 1 field numbering (580.82 and later).
+fn renumbered_fields(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    major > 580 || (major == 580 && minor >= 82)
+}
+
+/// Maps a field id as the driver numbers it to the CUDA 12 numbering.
+fn canonical_field(id: u32, renumbered: bool) -> u32 {
+    match id {
+        269..=271 if renumbered => id - 18,
+        251..=268 if renumbered => u32::MAX,
+        id => id,
+    }
+}
 
 export!(
     fn nvmlDeviceGetFieldValues(device: nvmlDevice_t, count: c_int, values: *mut nvmlFieldValue_t) {
@@ -614,22 +698,49 @@ export!(
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as i64)
             .unwrap_or(0);
+        // Fields newer than the R535 headers.
+        let newer = !cfg!(any(feature = "legacy", feature = "r535"));
+        let renumbered = renumbered_fields(&sim.scenario.driver.version);
         // SAFETY: the caller passes `count` entries at `values`.
         let fields = std::slice::from_raw_parts_mut(values, count as usize);
         for f in fields {
             f.timestamp = ts;
             f.latencyUsec = 0;
             let link_ok = f.scopeId < g.nvlink_count || f.scopeId == u32::MAX;
-            let (kind, val) = match f.fieldId {
+            let nvlink = link_ok && g.nvlink_count > 0;
+            let (kind, val) = match canonical_field(f.fieldId, renumbered) {
+                FI_MEMORY_TEMP if sim.quirk("memory_temp_value_type_double") => {
+                    (VALUE_DOUBLE, g.value("temp_memory", now))
+                }
                 FI_MEMORY_TEMP => (VALUE_UINT, g.value("temp_memory", now)),
                 FI_NVLINK_LINK_COUNT => (VALUE_UINT, Some(f64::from(g.nvlink_count))),
-                FI_NVLINK_TX if link_ok && g.nvlink_count > 0 => {
-                    (VALUE_ULL, g.value("nvlink_tx_kib", now))
-                }
-                FI_NVLINK_RX if link_ok && g.nvlink_count > 0 => {
-                    (VALUE_ULL, g.value("nvlink_rx_kib", now))
-                }
+                FI_NVLINK_TX if nvlink => (VALUE_ULL, g.value("nvlink_tx_kib", now)),
+                FI_NVLINK_RX if nvlink => (VALUE_ULL, g.value("nvlink_rx_kib", now)),
                 FI_RECOVERY_ACTION => (VALUE_UINT, g.value("recovery_action", now)),
+                FI_PERF_POLICY_POWER => (VALUE_ULL, g.value("violation_power_ns", now)),
+                FI_PERF_POLICY_THERMAL => (VALUE_ULL, g.value("violation_thermal_ns", now)),
+                FI_CLOCKS_EVENT_SW_THERM if newer => {
+                    (VALUE_ULL, g.value("violation_sw_thermal_ns", now))
+                }
+                FI_CLOCKS_EVENT_HW_THERM if newer => {
+                    (VALUE_ULL, g.value("violation_hw_thermal_ns", now))
+                }
+                FI_CLOCKS_EVENT_HW_POWER_BRAKE if newer => {
+                    (VALUE_ULL, g.value("violation_hw_power_brake_ns", now))
+                }
+                FI_TEMP_SHUTDOWN_TLIMIT if newer => (VALUE_SINT, g.value("temp_shutdown", now)),
+                FI_TEMP_SLOWDOWN_TLIMIT if newer => (VALUE_SINT, g.value("temp_slowdown", now)),
+                FI_TEMP_MEM_MAX_TLIMIT if newer => (VALUE_SINT, g.value("temp_mem_max", now)),
+                FI_TEMP_GPU_MAX_TLIMIT if newer => (VALUE_SINT, g.value("temp_gpu_max", now)),
+                FI_NVLINK_RECOVERY_SUCCESSFUL if nvlink && newer => {
+                    (VALUE_ULL, g.value("nvlink_recovery_successful", now))
+                }
+                FI_NVLINK_RECOVERY_FAILED if nvlink && newer => {
+                    (VALUE_ULL, g.value("nvlink_recovery_failed", now))
+                }
+                FI_NVLINK_RECOVERY_EVENTS if nvlink && newer => {
+                    (VALUE_ULL, g.value("nvlink_recovery_events", now))
+                }
                 _ => (VALUE_UINT, None),
             };
             f.valueType = kind;
@@ -638,7 +749,12 @@ export!(
                     f.nvmlReturn = SUCCESS;
                     f.value.ullVal = x.max(0.0) as u64;
                 }
+                Some(x) if kind == VALUE_SINT => {
+                    f.nvmlReturn = SUCCESS;
+                    f.value.siVal = x.round() as i32;
+                }
                 Some(x) => {
+                    // For the R545 defect, VALUE_DOUBLE with the integer in the payload.
                     f.nvmlReturn = SUCCESS;
                     f.value.uiVal = x.max(0.0) as u32;
                 }

@@ -143,7 +143,7 @@ export!(
         let mig = g
             .mig
             .as_ref()
-            .filter(|m| m.enabled)
+            .filter(|_| sim.mig_on(g) == Some(true))
             .ok_or(ERROR_NOT_SUPPORTED)?;
         if !mig
             .instances

@@ -17,17 +17,30 @@
 //! | `fan_pct` | fan speed (with `num_fans` > 0) | % |
 //! | `clock_{graphics,sm,mem,video}_mhz`, `max_clock_{graphics,sm,mem,video}_mhz` | clocks | MHz |
 //! | `pstate`, `throttle_reasons` (bitmask) | performance state, clock event reasons | |
-//! | `violation_power_ns`, `violation_thermal_ns` | violation status | ns |
+//! | `violation_power_ns`, `violation_thermal_ns` | violation status, fields 74/75 | ns |
+//! | `violation_sw_thermal_ns`, `violation_hw_thermal_ns`, `violation_hw_power_brake_ns` | clock-event-reason fields 251–253 (269–271 from 580.82) | ns |
 //! | `ecc_mode`, `ecc_{corrected,uncorrected}_{volatile,aggregate}` | ECC | count |
 //! | `retired_sbe_pages`, `retired_dbe_pages`, `retired_pending` | retired pages | count |
 //! | `remap_correctable`, `remap_uncorrectable`, `remap_pending`, `remap_failure` | remapped rows | count |
 //! | `pcie_tx_kbps`, `pcie_rx_kbps`, `pcie_replay`, `pcie_gen`, `pcie_width`, `pcie_max_gen`, `pcie_max_width` | PCIe | KB/s, count |
-//! | `nvlink_tx_kib`, `nvlink_rx_kib` (fields 138/139, per link), `nvlink_{replay,recovery,crc_flit,crc_data}`, `nvlink_active_links` | NVLink (with `nvlink_count` > 0) | KiB, count |
+//! | `nvlink_tx_kib`, `nvlink_rx_kib` (fields 138/139, per link), `nvlink_{replay,recovery,crc_flit,crc_data,ecc_data}`, `nvlink_active_links` | NVLink (with `nvlink_count` > 0) | KiB, count |
+//! | `nvlink_recovery_{successful,failed,events}` (fields 213–215, per link) | NVLink link recovery (Blackwell) | count |
 //! | `recovery_action` (field 230) | GPU recovery action | enum |
 //! | `gpm_{graphics,sm,dram_bw,fp64,fp32,fp16,tensor,dfma_tensor}_util`, `gpm_sm_occupancy`, `gpm_{pcie,nvlink}_{tx,rx}_mibps` | GPM (with `gpm_supported`) | %, MiB/s |
 //!
-//! Symbols that an old driver lacks are left out of the `legacy` feature build: `dlsym` cannot
-//! be made to fail at run time, so an "old driver" is a second build of this library.
+//! Symbols that a driver lacks are left out of a feature build: `dlsym` cannot be made to
+//! fail at run time, so a driver branch is a build of this library: `legacy` (an old
+//! driver), `r535` (535.43–535.86, whose `_v3` process lists fill 32-byte entries) and
+//! `future` (none of the symbols CUDA 13 deprecates). Defects that need no symbol change are
+//! run-time quirks in the scenario (`[driver] quirks`).
+//!
+//! Behaviour modelled on real drivers:
+//! - `nvmlSystemGetProcessName` crops the name to the caller's buffer and succeeds;
+//! - per-process utilization comes from a sample buffer (repeated and stale entries);
+//! - with MIG on, the parent GPU answers NOT_SUPPORTED for utilization, per-process
+//!   utilization and remapped rows; MIG mode can flip at run time (`mig.toggle_at_secs`);
+//! - a process whose memory is unknown reports `NVML_VALUE_NOT_AVAILABLE`;
+//! - fault kind `reset_required` answers `NVML_ERROR_RESET_REQUIRED`.
 
 #![allow(
     clippy::allow_attributes,

@@ -13,7 +13,7 @@ use crate::state::*;
 use crate::system::export;
 
 /// Processes visible through a handle, with their (GPU instance, compute instance) ids.
-fn processes(t: &Target<'static>, kind: &str) -> Vec<(&'static Process, u32, u32)> {
+fn processes(sim: &Sim, t: &Target<'static>, kind: &str) -> Vec<(&'static Process, u32, u32)> {
     const NONE: u32 = u32::MAX;
     match *t {
         Target::Gpu(g) => {
@@ -23,7 +23,7 @@ fn processes(t: &Target<'static>, kind: &str) -> Vec<(&'static Process, u32, u32
                 .filter(|p| p.kind == kind)
                 .map(|p| (p, NONE, NONE))
                 .collect();
-            if let Some(m) = g.mig.as_ref().filter(|m| m.enabled) {
+            if let Some(m) = g.mig.as_ref().filter(|_| sim.mig_on(g) == Some(true)) {
                 for i in &m.instances {
                     v.extend(
                         i.processes
@@ -44,19 +44,72 @@ fn processes(t: &Target<'static>, kind: &str) -> Vec<(&'static Process, u32, u32
     }
 }
 
-unsafe fn running(
+fn used_bytes(p: &Process) -> u64 {
+    p.used_mib
+        .map_or(VALUE_NOT_AVAILABLE_ULL, |m| m * 1024 * 1024)
+}
+
+/// The process entry that drivers 535.43 to 535.86 fill in `nvml*RunningProcesses_v3`: the
+/// 24-byte `nvmlProcessInfo_v2_t` plus `usedGpuCcProtectedMemory`, 32 bytes in all, while
+/// the header every caller compiled against says 24 (XuehaiPan/nvitop PR #79,
+/// gpuopenanalytics/pynvml#50, NVIDIA/go-nvml#75). Later drivers went back to 24 bytes and
+/// moved the field to `nvmlProcessDetail_v1_t` / `nvmlDeviceGetRunningProcessDetailList`.
+#[cfg(feature = "r535")]
+#[repr(C)]
+pub struct ProcessInfoR535 {
+    pid: c_uint,
+    used_gpu_memory: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+    used_gpu_cc_protected_memory: c_ulonglong,
+}
+
+/// The `_v3` entry of this build: 32 bytes on the R535 build, 24 otherwise.
+#[cfg(all(feature = "r535", not(feature = "legacy")))]
+pub type V3Entry = ProcessInfoR535;
+#[cfg(not(any(feature = "r535", feature = "legacy")))]
+pub type V3Entry = nvmlProcessInfo_v2_t;
+
+#[cfg(not(feature = "legacy"))]
+fn v3_entry(p: &Process, gi: u32, ci: u32) -> V3Entry {
+    #[cfg(feature = "r535")]
+    {
+        ProcessInfoR535 {
+            pid: p.pid,
+            used_gpu_memory: used_bytes(p),
+            gpu_instance_id: gi,
+            compute_instance_id: ci,
+            used_gpu_cc_protected_memory: 0,
+        }
+    }
+    #[cfg(not(feature = "r535"))]
+    {
+        nvmlProcessInfo_v2_t {
+            pid: p.pid,
+            usedGpuMemory: used_bytes(p),
+            gpuInstanceId: gi,
+            computeInstanceId: ci,
+        }
+    }
+}
+
+/// The common shape of the process-list calls: `*count` is the room in `infos` on entry and
+/// the number of processes on return; INSUFFICIENT_SIZE when they do not fit.
+unsafe fn running<T>(
     call: &'static str,
     kind: &str,
     device: nvmlDevice_t,
     count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_v2_t,
+    infos: *mut T,
+    entry: fn(&Process, u32, u32) -> T,
 ) -> Result<nvmlReturn_t, nvmlReturn_t> {
-    let (_, t) = crate::state::device(device, call)?;
-    let list = processes(&t, kind);
+    let (sim, t) = crate::state::device(device, call)?;
+    let list = processes(sim, &t, kind);
     if count.is_null() {
         return Err(ERROR_INVALID_ARGUMENT);
     }
-    // SAFETY: `count` is non-null; `infos` holds *count entries per nvml.h.
+    // SAFETY: `count` is non-null; `infos` holds *count entries of T per nvml.h (of the
+    // driver's own T, which is the point of the R535 defect).
     unsafe {
         let room = *count as usize;
         *count = list.len() as c_uint;
@@ -64,15 +117,19 @@ unsafe fn running(
             return Err(ERROR_INSUFFICIENT_SIZE);
         }
         for (i, (p, gi, ci)) in list.iter().enumerate() {
-            infos.add(i).write(nvmlProcessInfo_v2_t {
-                pid: p.pid,
-                usedGpuMemory: p.used_mib * 1024 * 1024,
-                gpuInstanceId: *gi,
-                computeInstanceId: *ci,
-            });
+            infos.add(i).write(entry(p, *gi, *ci));
         }
     }
     Ok(SUCCESS)
+}
+
+fn v2_entry(p: &Process, gi: u32, ci: u32) -> nvmlProcessInfo_v2_t {
+    nvmlProcessInfo_v2_t {
+        pid: p.pid,
+        usedGpuMemory: used_bytes(p),
+        gpuInstanceId: gi,
+        computeInstanceId: ci,
+    }
 }
 
 #[cfg(not(feature = "legacy"))]
@@ -80,7 +137,7 @@ export!(
     fn nvmlDeviceGetComputeRunningProcesses_v3(
         device: nvmlDevice_t,
         count: *mut c_uint,
-        infos: *mut nvmlProcessInfo_v2_t,
+        infos: *mut V3Entry,
     ) {
         running(
             "nvmlDeviceGetComputeRunningProcesses_v3",
@@ -88,6 +145,7 @@ export!(
             device,
             count,
             infos,
+            v3_entry,
         )
     }
 );
@@ -104,6 +162,7 @@ export!(
             device,
             count,
             infos,
+            v2_entry,
         )
     }
 );
@@ -113,7 +172,7 @@ export!(
     fn nvmlDeviceGetGraphicsRunningProcesses_v3(
         device: nvmlDevice_t,
         count: *mut c_uint,
-        infos: *mut nvmlProcessInfo_v2_t,
+        infos: *mut V3Entry,
     ) {
         running(
             "nvmlDeviceGetGraphicsRunningProcesses_v3",
@@ -121,6 +180,7 @@ export!(
             device,
             count,
             infos,
+            v3_entry,
         )
     }
 );
@@ -137,9 +197,123 @@ export!(
             device,
             count,
             infos,
+            v2_entry,
         )
     }
 );
+
+// Drivers from R545 on: the process list with the confidential-computing field, in its own
+// versioned struct. Its presence is how callers tell an R535 driver (which has
+// `nvmlDeviceGetConfComputeMemSizeInfo` but not this) from later ones.
+#[cfg(not(any(feature = "legacy", feature = "r535")))]
+export!(
+    fn nvmlDeviceGetRunningProcessDetailList(
+        device: nvmlDevice_t,
+        list: *mut nvml_wrapper_sys::bindings::nvmlProcessDetailList_t,
+    ) {
+        if list.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let l = &mut *list;
+        let kind = match l.mode {
+            0 => "compute",
+            1 => "graphics",
+            _ => return Err(ERROR_NOT_SUPPORTED),
+        };
+        let (sim, t) = crate::state::device(device, "nvmlDeviceGetRunningProcessDetailList")?;
+        let procs = processes(sim, &t, kind);
+        let room = l.numProcArrayEntries as usize;
+        l.numProcArrayEntries = procs.len() as c_uint;
+        if room < procs.len() || (l.procArray.is_null() && !procs.is_empty()) {
+            return Err(ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, (p, gi, ci)) in procs.iter().enumerate() {
+            l.procArray
+                .add(i)
+                .write(nvml_wrapper_sys::bindings::nvmlProcessDetail_v1_t {
+                    pid: p.pid,
+                    usedGpuMemory: used_bytes(p),
+                    gpuInstanceId: *gi,
+                    computeInstanceId: *ci,
+                    usedGpuCcProtectedMemory: 0,
+                });
+        }
+        Ok(SUCCESS)
+    }
+);
+
+// R535 and later: confidential-computing memory split (zero while CC mode is off).
+#[cfg(not(feature = "legacy"))]
+export!(
+    fn nvmlDeviceGetConfComputeMemSizeInfo(
+        device: nvmlDevice_t,
+        info: *mut nvml_wrapper_sys::bindings::nvmlConfComputeMemSizeInfo_t,
+    ) {
+        let _ = gpu(device, "nvmlDeviceGetConfComputeMemSizeInfo")?;
+        Ok(put(
+            info,
+            nvml_wrapper_sys::bindings::nvmlConfComputeMemSizeInfo_t {
+                protectedMemSizeKib: 0,
+                unprotectedMemSizeKib: 0,
+            },
+        ))
+    }
+);
+
+/// The driver samples per-process utilization into a buffer and answers from it, which
+/// shows in what callers get back (nvml.h: "one utilization sample structure is returned per
+/// process running, that had some non-zero utilization during the last sample period";
+/// nvitop and the Datadog agent work around the rest):
+/// - only processes with some non-zero utilization appear;
+/// - a process can appear several times (older samples from the buffer, oldest first);
+/// - the sample at exactly `lastSeenTimeStamp` comes back again (stale), and
+///   `lastSeenTimeStamp` = 0 returns the whole buffer (the last 10 s here);
+/// - values are passed through unchecked, so a scenario can make them exceed 100.
+///
+/// Older samples carry half the scenario's values, so a caller that keeps anything but the
+/// newest entry per pid exports a visibly wrong number.
+fn utilization_samples(
+    procs: &[&Process],
+    now_us: u64,
+    last_seen: u64,
+) -> Vec<nvmlProcessUtilizationSample_t> {
+    const PERIOD_US: u64 = 500_000;
+    const BUFFER_US: u64 = 10_000_000;
+    let mut out = Vec::new();
+    for p in procs {
+        if p.sm_util == 0 && p.mem_util == 0 && p.enc_util == 0 && p.dec_util == 0 {
+            continue;
+        }
+        let sample = |ts: u64, half: bool| nvmlProcessUtilizationSample_t {
+            pid: p.pid,
+            timeStamp: ts,
+            smUtil: if half { p.sm_util / 2 } else { p.sm_util },
+            memUtil: if half { p.mem_util / 2 } else { p.mem_util },
+            encUtil: if half { p.enc_util / 2 } else { p.enc_util },
+            decUtil: if half { p.dec_util / 2 } else { p.dec_util },
+        };
+        let newest = now_us.saturating_sub(50_000);
+        if last_seen > 0 && last_seen < newest {
+            out.push(sample(last_seen, true));
+        }
+        let oldest = if last_seen == 0 {
+            newest.saturating_sub(BUFFER_US)
+        } else {
+            last_seen + 1
+        };
+        let mut ts = newest.saturating_sub(PERIOD_US);
+        let mut older = Vec::new();
+        while ts >= oldest && ts > 0 && older.len() < (BUFFER_US / PERIOD_US) as usize {
+            older.push(sample(ts, true));
+            ts = ts.saturating_sub(PERIOD_US);
+        }
+        out.extend(older.into_iter().rev());
+        if newest > last_seen {
+            out.push(sample(newest, false));
+        }
+    }
+    out
+}
 
 export!(
     fn nvmlDeviceGetProcessUtilization(
@@ -148,7 +322,11 @@ export!(
         count: *mut c_uint,
         last_seen: c_ulonglong,
     ) {
-        let (_, g) = gpu(device, "nvmlDeviceGetProcessUtilization")?;
+        let (sim, g) = gpu(device, "nvmlDeviceGetProcessUtilization")?;
+        // Per-process utilization is not available while MIG is on.
+        if sim.mig_on(g) == Some(true) {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
         if count.is_null() {
             return Err(ERROR_INVALID_ARGUMENT);
         }
@@ -156,12 +334,8 @@ export!(
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
-        // One sample per process, stamped "now": always newer than any earlier `last_seen`.
-        let list: Vec<&Process> = if now_us > last_seen {
-            g.processes.iter().collect()
-        } else {
-            Vec::new()
-        };
+        let procs: Vec<&Process> = g.processes.iter().collect();
+        let list = utilization_samples(&procs, now_us, last_seen);
         if list.is_empty() {
             *count = 0;
             return Err(ERROR_NOT_FOUND);
@@ -171,15 +345,8 @@ export!(
         if samples.is_null() || room < list.len() {
             return Err(ERROR_INSUFFICIENT_SIZE);
         }
-        for (i, p) in list.iter().enumerate() {
-            samples.add(i).write(nvmlProcessUtilizationSample_t {
-                pid: p.pid,
-                timeStamp: now_us,
-                smUtil: p.sm_util,
-                memUtil: p.mem_util,
-                encUtil: p.enc_util,
-                decUtil: p.dec_util,
-            });
+        for (i, s) in list.iter().enumerate() {
+            samples.add(i).write(*s);
         }
         Ok(SUCCESS)
     }
@@ -187,20 +354,20 @@ export!(
 
 export!(
     fn nvmlDeviceGetMigMode(device: nvmlDevice_t, current: *mut c_uint, pending: *mut c_uint) {
-        let (_, g) = gpu(device, "nvmlDeviceGetMigMode")?;
-        let m = g.mig.as_ref().ok_or(ERROR_NOT_SUPPORTED)?;
-        put(pending, c_uint::from(m.enabled));
-        Ok(put(current, c_uint::from(m.enabled)))
+        let (sim, g) = gpu(device, "nvmlDeviceGetMigMode")?;
+        let on = sim.mig_on(g).ok_or(ERROR_NOT_SUPPORTED)?;
+        put(pending, c_uint::from(on));
+        Ok(put(current, c_uint::from(on)))
     }
 );
 
 export!(
     fn nvmlDeviceGetMaxMigDeviceCount(device: nvmlDevice_t, count: *mut c_uint) {
-        let (_, g) = gpu(device, "nvmlDeviceGetMaxMigDeviceCount")?;
+        let (sim, g) = gpu(device, "nvmlDeviceGetMaxMigDeviceCount")?;
         let m = g.mig.as_ref().ok_or(ERROR_NOT_SUPPORTED)?;
         Ok(put(
             count,
-            if m.enabled {
+            if sim.mig_on(g) == Some(true) {
                 7.max(m.instances.len() as c_uint)
             } else {
                 0
@@ -215,11 +382,11 @@ export!(
         index: c_uint,
         mig: *mut nvmlDevice_t,
     ) {
-        let (_, g) = gpu(device, "nvmlDeviceGetMigDeviceHandleByIndex")?;
+        let (sim, g) = gpu(device, "nvmlDeviceGetMigDeviceHandleByIndex")?;
         let m = g
             .mig
             .as_ref()
-            .filter(|m| m.enabled)
+            .filter(|_| sim.mig_on(g) == Some(true))
             .ok_or(ERROR_NOT_SUPPORTED)?;
         if index as usize >= m.instances.len() {
             return Err(ERROR_NOT_FOUND);

@@ -45,9 +45,15 @@ pub struct Driver {
     pub nvml_version: String,
     /// `nvmlSystemGetCudaDriverVersion_v2`, e.g. 12040 for 12.4.
     pub cuda_version: i32,
-    /// The library build the scenario expects: "current" or "legacy" (an old driver whose
-    /// newer symbols are absent; built with the `legacy` feature).
+    /// The library build the scenario expects: "current", "legacy" (an old driver whose
+    /// newer symbols are absent), "r535" (a 535.43–535.86 driver whose `_v3` process lists
+    /// fill 32-byte entries) or "future" (no symbols that CUDA 13 deprecates). Each is a
+    /// build of this crate with the feature of the same name (`current` has none).
     pub variant: String,
+    /// Driver defects to reproduce at run time:
+    /// - `memory_temp_value_type_double`: field 82 (`NVML_FI_DEV_MEMORY_TEMP`) says its
+    ///   `valueType` is double while the payload is the unsigned integer (seen on R545).
+    pub quirks: Vec<String>,
 }
 
 impl Default for Driver {
@@ -57,6 +63,7 @@ impl Default for Driver {
             nvml_version: "12.550.54.15".into(),
             cuda_version: 12040,
             variant: "current".into(),
+            quirks: Vec::new(),
         }
     }
 }
@@ -98,7 +105,9 @@ pub struct Process {
     /// "compute" or "graphics".
     #[serde(default = "default_process_kind")]
     pub kind: String,
-    pub used_mib: u64,
+    /// Device memory used; absent means the driver reports `NVML_VALUE_NOT_AVAILABLE`.
+    #[serde(default)]
+    pub used_mib: Option<u64>,
     #[serde(default)]
     pub sm_util: u32,
     #[serde(default)]
@@ -120,12 +129,18 @@ fn default_process_kind() -> String {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Mig {
+    /// MIG mode at init.
     pub enabled: bool,
+    /// MIG mode flips at each of these times (seconds after init), as `nvidia-smi -mig`
+    /// followed by a GPU reset would do on a live node.
+    #[serde(default)]
+    pub toggle_at_secs: Vec<f64>,
     #[serde(default)]
     pub instances: Vec<MigInstance>,
 }
 
-/// One MIG device (a GPU instance with one compute instance).
+/// One MIG device: a compute instance in a GPU instance. Several entries with the same
+/// `gpu_instance_id` are compute instances sharing one GPU instance.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MigInstance {
@@ -149,7 +164,7 @@ pub struct Fault {
     pub call: String,
     /// GPU index; every GPU when absent.
     pub gpu: Option<u32>,
-    /// "not_supported", "gpu_lost", "unknown", "delay" or "hang".
+    /// "not_supported", "gpu_lost", "reset_required", "unknown", "delay" or "hang".
     pub kind: String,
     /// Active from this many seconds after init.
     #[serde(default)]

@@ -16,6 +16,8 @@ pub const ERROR_NOT_FOUND: nvmlReturn_t = 6;
 pub const ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 pub const ERROR_TIMEOUT: nvmlReturn_t = 10;
 pub const ERROR_GPU_IS_LOST: nvmlReturn_t = 15;
+pub const ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
+pub const ERROR_RESET_REQUIRED: nvmlReturn_t = 16;
 pub const ERROR_UNKNOWN: nvmlReturn_t = 999;
 
 /// The environment variable naming the scenario file.
@@ -24,9 +26,16 @@ pub const SCENARIO_ENV: &str = "JUNCTION_NVML_SIM_SCENARIO";
 /// The build variant of this library.
 pub const VARIANT: &str = if cfg!(feature = "legacy") {
     "legacy"
+} else if cfg!(feature = "r535") {
+    "r535"
+} else if cfg!(feature = "future") {
+    "future"
 } else {
     "current"
 };
+
+/// `NVML_VALUE_NOT_AVAILABLE` for unsigned long long values.
+pub const VALUE_NOT_AVAILABLE_ULL: u64 = u64::MAX;
 
 /// Everything the simulator knows.
 pub struct Sim {
@@ -88,6 +97,19 @@ impl Sim {
         self.start.elapsed().as_secs_f64()
     }
 
+    /// True if the scenario switches on the driver defect `name` (see `Driver::quirks`).
+    pub fn quirk(&self, name: &str) -> bool {
+        self.scenario.driver.quirks.iter().any(|q| q == name)
+    }
+
+    /// MIG mode of a GPU now (`None`: the GPU has no MIG), after the scenario's toggles.
+    pub fn mig_on(&self, g: &Gpu) -> Option<bool> {
+        let m = g.mig.as_ref()?;
+        let now = self.now();
+        let flips = m.toggle_at_secs.iter().filter(|t| **t <= now).count();
+        Some(m.enabled ^ (flips % 2 == 1))
+    }
+
     /// Applies the scenario's faults for `call` on GPU `gpu`: may sleep, hang forever or
     /// return an error code.
     pub fn faults(&self, call: &'static str, gpu: u32) -> Result<(), nvmlReturn_t> {
@@ -106,6 +128,7 @@ impl Sim {
             match f.kind.as_str() {
                 "not_supported" => return Err(ERROR_NOT_SUPPORTED),
                 "gpu_lost" => return Err(ERROR_GPU_IS_LOST),
+                "reset_required" => return Err(ERROR_RESET_REQUIRED),
                 "unknown" if n % f.every.max(1) == 0 => return Err(ERROR_UNKNOWN),
                 "delay" => std::thread::sleep(Duration::from_millis(f.delay_ms)),
                 "hang" => loop {
@@ -155,6 +178,10 @@ pub fn device(
     if mig == 0 {
         return Ok((sim, Target::Gpu(gpu)));
     }
+    // A MIG handle stops being valid when MIG mode is switched off.
+    if sim.mig_on(gpu) != Some(true) {
+        return Err(ERROR_INVALID_ARGUMENT);
+    }
     let inst = gpu
         .mig
         .as_ref()
@@ -177,6 +204,29 @@ pub fn gpu(
 /// A named value of a GPU, `NOT_SUPPORTED` when the scenario leaves it out.
 pub fn value(sim: &Sim, gpu: &Gpu, key: &str) -> Result<f64, nvmlReturn_t> {
     gpu.value(key, sim.now()).ok_or(ERROR_NOT_SUPPORTED)
+}
+
+/// Copies `s` into a C buffer of `len` bytes, NUL-terminated, cropping it to fit and
+/// returning success, as `nvmlSystemGetProcessName` does (its documentation: "the returned
+/// name is truncated to the length of the buffer"; it never answers INSUFFICIENT_SIZE).
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes.
+pub unsafe fn write_str_cropped(
+    s: &str,
+    buf: *mut std::os::raw::c_char,
+    len: u32,
+) -> nvmlReturn_t {
+    if buf.is_null() || len == 0 {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    let n = s.len().min(len as usize - 1);
+    // SAFETY: the caller guarantees `len` bytes at `buf`; we write n + 1 <= len bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), buf.cast::<u8>(), n);
+        *buf.add(n) = 0;
+    }
+    SUCCESS
 }
 
 /// Copies `s` into a C buffer of `len` bytes, NUL-terminated.

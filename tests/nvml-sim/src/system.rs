@@ -123,7 +123,7 @@ export!(
         });
         let mut all = all;
         match all.find(|p| p.pid == pid) {
-            Some(p) => Ok(write_str(&p.name, name, length)),
+            Some(p) => Ok(write_str_cropped(&p.name, name, length)),
             None => Err(ERROR_NOT_FOUND),
         }
     }

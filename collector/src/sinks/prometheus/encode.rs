@@ -135,6 +135,10 @@ fn write_value(out: &mut String, v: f64) {
         out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
     } else if v.fract() == 0.0 && v.abs() < 9.007_199_254_740_992e15 {
         let _ = write!(out, "{}", v as i64);
+    } else if v.abs() < 1e-4 || v.abs() >= 1e21 {
+        // Shortest round-trip digits with an exponent, as Go's strconv 'g' writes them; `{}`
+        // would spell 3.8e-322 with 320 zeros.
+        let _ = write!(out, "{v:e}");
     } else {
         let _ = write!(out, "{v}");
     }
@@ -148,6 +152,23 @@ fn escape_help(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::model::{GpuInfo, Model};
+
+    #[test]
+    fn values_are_written_in_their_shortest_form() {
+        let w = |v: f64| {
+            let mut s = String::new();
+            write_value(&mut s, v);
+            s
+        };
+        assert_eq!(w(3.8e-322), "3.8e-322");
+        assert_eq!(w(0.97), "0.97");
+        assert_eq!(w(65_498_251_264.0), "65498251264");
+        assert_eq!(w(1.5e25), "1.5e25");
+        assert_eq!(w(f64::NAN), "NaN");
+        for v in [3.8e-322, 0.1 + 0.2, 1e-7, 123.456] {
+            assert_eq!(w(v).parse::<f64>().ok(), Some(v), "round trip of {v}");
+        }
+    }
 
     #[test]
     fn renders_families_with_hw_id_and_escaped_labels() {

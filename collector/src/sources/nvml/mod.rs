@@ -5,11 +5,16 @@
 //!
 //! How it fails: building fails loudly if the library cannot be loaded or initialised. Once
 //! running, each GPU has its own thread: a call that returns `NOT_SUPPORTED` or is missing from
-//! the driver disables that feature for that GPU (logged once, listed by `junction inventory`);
-//! a call that hangs past `call_timeout_ms` marks the GPU as stuck and the other GPUs go on; a
-//! GPU that falls off the bus is reported failed and retried with backoff.
+//! the driver disables that feature (one NVLink link, fan or counter at a time) for that GPU,
+//! listed by `junction inventory`; NOT_SUPPORTED features are tried again when MIG mode or the
+//! GPU's state changes and every `reprobe_interval_secs`. A call that hangs past
+//! `call_timeout_ms` marks that GPU as stuck; the watchdog reports every stuck GPU, but a
+//! driver defect that orphans a lock can hang every later call on every GPU
+//! (NVIDIA/open-gpu-kernel-modules#1333), and then every GPU is reported stuck. A GPU that
+//! falls off the bus or needs a reset is reported failed and probed with backoff.
 
 mod collect;
+mod report;
 mod worker;
 
 use std::ffi::OsStr;
@@ -21,6 +26,7 @@ use nvml_wrapper::error::NvmlError;
 
 use crate::config::{Invalid, config_section};
 use crate::model::{DriverInfo, GpuInfo, Group, Model};
+use collect::V3Layout;
 pub use worker::{Shutdown, Workers};
 
 config_section! {
@@ -41,8 +47,12 @@ config_section! {
         /// At most this many processes are reported per GPU (the ones using the most
         /// memory), bounding label cardinality. Default: 64.
         pub max_processes_per_gpu: u32 = 64,
-        /// A lost GPU is retried after 1 s, then with doubling waits up to this. Default: 60.
+        /// A lost GPU (or one that needs a reset) is retried after 1 s, then with doubling
+        /// waits up to this. Default: 60.
         pub lost_retry_max_secs: u64 = 60,
+        /// Features a GPU answered NOT_SUPPORTED for are tried again this often (and at once
+        /// when MIG mode or the GPU's state changes). Default: 600.
+        pub reprobe_interval_secs: u64 = 600,
         /// Metric groups, each enabled and scheduled on its own. A training node wants
         /// seconds; an inference node tolerates tens of seconds.
         pub groups: GroupsConfig = GroupsConfig::default(),
@@ -160,6 +170,12 @@ impl NvmlConfig {
                 message: "must be at least 1".into(),
             });
         }
+        if self.reprobe_interval_secs == 0 {
+            out.push(Invalid {
+                key: format!("{prefix}.reprobe_interval_secs"),
+                message: "must be at least 1".into(),
+            });
+        }
         if self.lost_retry_max_secs == 0 {
             out.push(Invalid {
                 key: format!("{prefix}.lost_retry_max_secs"),
@@ -186,12 +202,15 @@ impl NvmlConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// Loading or initialising the library failed.
-    #[error("cannot initialise NVML from {library:?}")]
+    #[error(
+        "cannot initialise NVML from {library:?}: {source}. Install the NVIDIA driver (it ships \
+         libnvidia-ml.so.1), run the container with the NVIDIA container runtime, or set \
+         sources.nvml.library to the library's path"
+    )]
     Init {
         /// The library asked for.
         library: String,
-        /// The cause.
-        #[source]
+        /// The cause (in the message, not chained: it is said once).
         source: NvmlError,
     },
     /// Counting GPUs failed.
@@ -216,13 +235,19 @@ pub enum BuildError {
 pub struct NvmlSource {
     nvml: Arc<Nvml>,
     config: NvmlConfig,
+    layout: V3Layout,
+    proc_root: std::path::PathBuf,
     model: Arc<Model>,
     gpus: Vec<Arc<std::sync::Mutex<crate::model::GpuSlot>>>,
 }
 
 impl NvmlSource {
     /// Loads NVML, reads every GPU's identity and adds it to the model.
-    pub fn build(config: &NvmlConfig, model: Arc<Model>) -> Result<Self, BuildError> {
+    pub fn build(
+        config: &NvmlConfig,
+        proc_root: &std::path::Path,
+        model: Arc<Model>,
+    ) -> Result<Self, BuildError> {
         // nvmlInit can hang on a wedged driver: run it on its own thread under a deadline.
         // Nothing is added to the model until it has returned.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -240,6 +265,10 @@ impl NvmlSource {
                     library: config.library.clone(),
                     secs: config.init_timeout_secs,
                 })??;
+        let layout = V3Layout::detect(&nvml, &driver.driver_version);
+        if layout == V3Layout::R535 {
+            tracing::info!(driver = %driver.driver_version, "this driver fills 32-byte process entries in the _v3 process lists; reading them as such");
+        }
         model.set_driver(driver);
         let gpus: Vec<_> = infos.into_iter().map(|info| model.add_gpu(info)).collect();
         tracing::info!(gpus = gpus.len(), library = %config.library, "NVML source ready");
@@ -247,6 +276,8 @@ impl NvmlSource {
         Ok(Self {
             nvml: Arc::new(nvml),
             config: config.clone(),
+            layout,
+            proc_root: proc_root.to_path_buf(),
             model,
             gpus,
         })
@@ -254,14 +285,30 @@ impl NvmlSource {
 
     /// Starts one thread per GPU and the deadline watchdog.
     pub fn start(self, shutdown: Shutdown) -> Workers {
-        worker::start(self.nvml, &self.config, self.gpus, shutdown, false)
+        worker::start(
+            self.nvml,
+            &self.config,
+            self.layout,
+            self.proc_root,
+            self.gpus,
+            shutdown,
+            false,
+        )
     }
 
     /// Collects every enabled group once on every GPU and waits for the results (bounded by
     /// `call_timeout_ms` per GPU).
     pub fn collect_once(self) -> Arc<Model> {
         let shutdown = Shutdown::default();
-        let workers = worker::start(self.nvml, &self.config, self.gpus, shutdown.clone(), true);
+        let workers = worker::start(
+            self.nvml,
+            &self.config,
+            self.layout,
+            self.proc_root,
+            self.gpus,
+            shutdown.clone(),
+            true,
+        );
         workers.wait_once(
             Duration::from_millis(self.config.call_timeout_ms) * 4 + Duration::from_secs(1),
         );

@@ -1,6 +1,9 @@
-//! One thread per GPU: schedules the groups, isolates hanging calls, handles lost GPUs.
+//! One thread per GPU: schedules the groups, isolates hanging calls, handles lost GPUs and
+//! GPUs that need a reset, and re-probes features that were unsupported.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -9,39 +12,13 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
 use super::NvmlConfig;
-use super::collect::{self, GpmState};
-use crate::model::{GpuSlot, Group, HealthState, Sample, lock};
+use super::collect::{self, GpmState, MigDevice, V3Layout};
+use super::report;
+use crate::model::{Feature, GpuSlot, Group, HealthState, Sample, lock};
+pub use crate::shutdown::Shutdown;
 
 /// How often a failing feature may log again; in between, failures are only counted.
 const WARN_EVERY: Duration = Duration::from_secs(600);
-
-/// A shutdown signal that wakes sleeping workers at once.
-#[derive(Debug, Clone, Default)]
-pub struct Shutdown(Arc<(Mutex<bool>, Condvar)>);
-
-impl Shutdown {
-    /// Asks every worker to stop.
-    pub fn trigger(&self) {
-        *lock(&self.0.0) = true;
-        self.0.1.notify_all();
-    }
-
-    /// True once triggered.
-    pub fn is_triggered(&self) -> bool {
-        *lock(&self.0.0)
-    }
-
-    /// Sleeps for `d` or until shutdown; returns true if shutting down.
-    pub fn sleep(&self, d: Duration) -> bool {
-        let guard = lock(&self.0.0);
-        let (guard, _) = self
-            .0
-            .1
-            .wait_timeout_while(guard, d, |stop| !*stop)
-            .unwrap_or_else(|e| e.into_inner());
-        *guard
-    }
-}
 
 /// The call a worker is in, for the watchdog.
 #[derive(Debug, Default)]
@@ -54,8 +31,37 @@ struct Busy {
 /// A GPU slot and the call its worker is in.
 type Watched = (Arc<Mutex<GpuSlot>>, Arc<Mutex<Busy>>);
 
-/// GPU is lost: stop this cycle.
-pub struct Lost;
+/// Why collection on a GPU stops until it answers again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Halt {
+    /// `NVML_ERROR_GPU_IS_LOST`: fallen off the bus.
+    Lost,
+    /// `NVML_ERROR_RESET_REQUIRED`: the GPU must be reset before it can be used (GPUd treats
+    /// it as unhealthy too).
+    ResetRequired,
+}
+
+impl Halt {
+    /// The reason code (a `gpu.health.reason` value) and sentence.
+    fn reason(self) -> (&'static str, &'static str) {
+        match self {
+            Halt::Lost => ("gpu_lost", "GPU is lost (fallen off the bus)"),
+            Halt::ResetRequired => (
+                "reset_required",
+                "GPU requires a reset (NVML_ERROR_RESET_REQUIRED)",
+            ),
+        }
+    }
+}
+
+/// Whether a disabled feature is tried again when the GPU's configuration changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// NOT_SUPPORTED: may change with MIG mode or after a GPU reset.
+    Reprobe,
+    /// The symbol is not in this driver's library: never, until the agent is restarted.
+    Never,
+}
 
 /// What a worker needs while collecting.
 pub struct Ctx<'n> {
@@ -65,14 +71,28 @@ pub struct Ctx<'n> {
     busy: Arc<Mutex<Busy>>,
     pub max_processes: usize,
     pub gpm: GpmState<'n>,
-    /// MIG instances found by the last MIG collection: (GPU instance id, MIG UUID).
-    pub mig_instances: Vec<(u32, String)>,
+    /// MIG devices found by the last MIG collection.
+    pub mig_devices: Vec<MigDevice>,
+    /// MIG mode seen by the last MIG collection.
+    pub mig_mode: Option<bool>,
     pub proc_names: BTreeMap<u32, String>,
+    /// Newest per-process utilization timestamp seen (µs, CPU clock); 0 before the first.
     pub last_process_sample: u64,
+    /// The processes group's interval: the first per-process utilization read asks for this
+    /// window, not for the driver's whole buffer.
+    pub process_window: Duration,
+    /// How this driver lays out `_v3` process entries when the written bytes do not say.
+    pub layout: V3Layout,
+    /// Where `/proc` is (a container may mount the host's elsewhere).
+    pub proc_root: PathBuf,
     /// Features disabled on this GPU (mirrors the slot's map without taking its lock).
-    disabled: BTreeSet<&'static str>,
+    disabled: BTreeMap<Feature, Retry>,
+    /// Features being tried again after a re-probe.
+    reprobing: BTreeSet<Feature>,
     /// When each feature last logged a failure (failures are rate-limited, then counted).
     warned: BTreeMap<&'static str, Instant>,
+    /// Set once the start-up report has been logged: later disables log one line each.
+    reported: Arc<AtomicBool>,
     uuid: String,
 }
 
@@ -81,13 +101,14 @@ impl<'n> Ctx<'n> {
     /// `Ok(None)`: the value is unavailable this time (or for good, if unsupported).
     pub fn call<T>(
         &mut self,
-        feature: &'static str,
+        feature: impl Into<Feature>,
         f: impl FnOnce(&Device<'n>) -> Result<T, NvmlError>,
-    ) -> Result<Option<T>, Lost> {
-        if self.disabled.contains(feature) {
+    ) -> Result<Option<T>, Halt> {
+        let feature = feature.into();
+        if self.disabled.contains_key(&feature) {
             return Ok(None);
         }
-        lock(&self.busy).call = Some((feature, Instant::now()));
+        lock(&self.busy).call = Some((feature.name, Instant::now()));
         let r = f(&self.dev);
         let was_stuck = {
             let mut busy = lock(&self.busy);
@@ -106,44 +127,90 @@ impl<'n> Ctx<'n> {
             }
         }
         match r {
-            Ok(v) => Ok(Some(v)),
+            Ok(v) => {
+                if self.reprobing.remove(&feature) {
+                    tracing::info!(gpu = %self.uuid, feature = %feature, "NVML feature available again");
+                }
+                Ok(Some(v))
+            }
             Err(e) => self.failed(feature, e).map(|()| None),
         }
     }
 
     /// True once `feature` is disabled on this GPU.
-    pub fn is_disabled(&self, feature: &str) -> bool {
-        self.disabled.contains(feature)
+    pub fn is_disabled(&self, feature: impl Into<Feature>) -> bool {
+        self.disabled.contains_key(&feature.into())
     }
 
-    /// Accounts a failed call: disables unsupported features, reports lost GPUs, counts the rest.
-    pub fn failed(&mut self, feature: &'static str, e: NvmlError) -> Result<(), Lost> {
+    /// Accounts a failed call: disables unsupported features, halts on a lost GPU or one that
+    /// needs a reset, counts the rest.
+    pub fn failed(&mut self, feature: impl Into<Feature>, e: NvmlError) -> Result<(), Halt> {
+        let feature = feature.into();
         match e {
-            NvmlError::NotSupported => self.disable(feature, "NOT_SUPPORTED on this GPU".into()),
-            NvmlError::FailedToLoadSymbol(s) => {
-                self.disable(feature, format!("not in this driver's NVML ({s})"))
+            NvmlError::NotSupported => {
+                let why = if self.mig_mode == Some(true) {
+                    "NOT_SUPPORTED on this GPU while MIG mode is on"
+                } else {
+                    "NOT_SUPPORTED on this GPU"
+                };
+                self.disable(feature, why.into(), Retry::Reprobe);
             }
+            NvmlError::FailedToLoadSymbol(s) => self.disable(
+                feature,
+                format!("not in this driver's NVML ({s})"),
+                Retry::Never,
+            ),
             NvmlError::FunctionNotFound => {
-                self.disable(feature, "not in this driver's NVML".into())
+                self.disable(feature, "not in this driver's NVML".into(), Retry::Never)
             }
-            NvmlError::GpuLost => return Err(Lost),
+            NvmlError::GpuLost => return Err(Halt::Lost),
+            NvmlError::ResetRequired => return Err(Halt::ResetRequired),
             e => {
-                *lock(&self.slot).errors.entry(feature).or_insert(0) += 1;
-                if self.should_warn(feature) {
-                    tracing::warn!(gpu = %self.uuid, feature, error = %e, "NVML call failed; counting further failures in junction_source_errors_total");
+                self.reprobing.remove(&feature);
+                *lock(&self.slot).errors.entry(feature.name).or_insert(0) += 1;
+                if self.should_warn(feature.name) {
+                    tracing::warn!(gpu = %self.uuid, feature = %feature, error = %e, "NVML call failed; counting further failures in junction_source_errors_total");
                 }
             }
         }
         Ok(())
     }
 
-    /// Disables `feature` on this GPU for good, logging once.
-    pub fn disable(&mut self, feature: &'static str, why: String) {
-        self.disabled.insert(feature);
+    /// Disables `feature` on this GPU until a re-probe (or for good), logging once. Before the
+    /// start-up report, the report says it for every GPU at once.
+    fn disable(&mut self, feature: Feature, why: String, retry: Retry) {
+        self.disabled.insert(feature, retry);
+        let quiet = self.reprobing.remove(&feature) || !self.reported.load(Ordering::Relaxed);
         let mut slot = lock(&self.slot);
-        if !slot.disabled.contains_key(feature) {
-            tracing::info!(gpu = %self.uuid, feature, reason = %why, "NVML feature unavailable; disabled for this GPU");
-            slot.disabled.insert(feature, why);
+        if !slot.disabled.contains_key(&feature) && !quiet {
+            tracing::info!(gpu = %self.uuid, feature = %feature, reason = %why, "NVML feature unavailable; disabled for this GPU");
+        }
+        slot.disabled.insert(feature, why);
+    }
+
+    /// Disables a feature for a reason found by the collector itself (e.g. no GPM).
+    pub fn disable_unsupported(&mut self, feature: impl Into<Feature>, why: &str) {
+        self.disable(feature.into(), why.into(), Retry::Reprobe);
+    }
+
+    /// Tries every NOT_SUPPORTED feature again: MIG mode or the GPU's state changed, or the
+    /// slow timer fired. A feature that is still unsupported is disabled again silently.
+    pub fn reprobe(&mut self, why: &str) {
+        let again: Vec<Feature> = self
+            .disabled
+            .iter()
+            .filter(|(_, r)| **r == Retry::Reprobe)
+            .map(|(f, _)| *f)
+            .collect();
+        if again.is_empty() {
+            return;
+        }
+        tracing::debug!(gpu = %self.uuid, features = again.len(), why, "re-probing unsupported NVML features");
+        let mut slot = lock(&self.slot);
+        for f in again {
+            self.disabled.remove(&f);
+            slot.disabled.remove(&f);
+            self.reprobing.insert(f);
         }
     }
 
@@ -199,46 +266,55 @@ impl Workers {
     }
 }
 
-/// Starts the GPU threads and the watchdog. With `once`, each thread runs every group once.
+/// What every GPU thread shares.
+struct Shared {
+    nvml: Arc<Nvml>,
+    schedule: Vec<(Group, Duration)>,
+    max_processes: usize,
+    retry_max: Duration,
+    reprobe_every: Duration,
+    layout: V3Layout,
+    proc_root: PathBuf,
+    shutdown: Shutdown,
+    once: bool,
+    done: Arc<(Mutex<usize>, Condvar)>,
+    reported: Arc<AtomicBool>,
+}
+
+/// Starts the GPU threads, the watchdog and the start-up report. With `once`, each thread
+/// runs every group once.
 pub fn start(
     nvml: Arc<Nvml>,
     config: &NvmlConfig,
+    layout: V3Layout,
+    proc_root: PathBuf,
     slots: Vec<Arc<Mutex<GpuSlot>>>,
     shutdown: Shutdown,
     once: bool,
 ) -> Workers {
-    let schedule = config.groups.schedule();
     let timeout = Duration::from_millis(config.call_timeout_ms);
-    let done = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let shared = Arc::new(Shared {
+        nvml,
+        schedule: config.groups.schedule(),
+        max_processes: config.max_processes_per_gpu as usize,
+        retry_max: Duration::from_secs(config.lost_retry_max_secs.max(1)),
+        reprobe_every: Duration::from_secs(config.reprobe_interval_secs.max(1)),
+        layout,
+        proc_root,
+        shutdown: shutdown.clone(),
+        once,
+        done: Arc::new((Mutex::new(0usize), Condvar::new())),
+        reported: Arc::new(AtomicBool::new(once)),
+    });
     let mut handles = Vec::new();
     let mut watched = Vec::new();
-    for (index, slot) in slots.into_iter().enumerate() {
+    for (index, slot) in slots.iter().cloned().enumerate() {
         let busy = Arc::new(Mutex::new(Busy::default()));
         watched.push((slot.clone(), busy.clone()));
-        let (nvml, schedule, shutdown, done) = (
-            nvml.clone(),
-            schedule.clone(),
-            shutdown.clone(),
-            done.clone(),
-        );
-        let max_processes = config.max_processes_per_gpu as usize;
-        let retry_max = Duration::from_secs(config.lost_retry_max_secs.max(1));
+        let shared = shared.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("nvml-gpu{index}"))
-            .spawn(move || {
-                run_gpu(
-                    &nvml,
-                    index as u32,
-                    slot,
-                    busy,
-                    &schedule,
-                    max_processes,
-                    retry_max,
-                    &shutdown,
-                    once,
-                    &done,
-                );
-            });
+            .spawn(move || run_gpu(&shared, index as u32, slot, busy));
         match spawned {
             Ok(h) => handles.push(h),
             Err(e) => {
@@ -247,7 +323,7 @@ pub fn start(
         }
     }
     if !once {
-        let shutdown = shutdown.clone();
+        let sd = shutdown.clone();
         let spawned = std::thread::Builder::new()
             .name("nvml-watchdog".into())
             .spawn(move || {
@@ -255,17 +331,29 @@ pub fn start(
                 // 1.25 deadlines without waking often.
                 let period =
                     (timeout / 4).clamp(Duration::from_millis(50), Duration::from_millis(500));
-                while !shutdown.sleep(period) {
+                while !sd.sleep(period) {
                     watchdog(&watched, timeout);
                 }
             });
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the NVML watchdog");
         }
+        let (n, shared) = (handles.len(), shared.clone());
+        let limit = timeout * 8 + Duration::from_secs(5);
+        let _ = std::thread::Builder::new()
+            .name("nvml-report".into())
+            .spawn(move || {
+                {
+                    let guard = lock(&shared.done.0);
+                    let _ = shared.done.1.wait_timeout_while(guard, limit, |d| *d < n);
+                }
+                shared.reported.store(true, Ordering::Relaxed);
+                report::startup(&slots);
+            });
     }
     Workers {
         handles,
-        done,
+        done: shared.done.clone(),
         shutdown,
     }
 }
@@ -287,81 +375,85 @@ fn watchdog(watched: &[Watched], timeout: Duration) {
             s.timeouts += 1;
             if s.state == HealthState::Ok {
                 s.state = HealthState::Degraded;
-                s.reason = Some(format!(
-                    "NVML call {call} did not return within {} ms",
-                    timeout.as_millis()
+                s.reason = Some((
+                    "nvml_call_stuck",
+                    format!(
+                        "NVML call {call} did not return within {} ms",
+                        timeout.as_millis()
+                    ),
                 ));
             }
             tracing::error!(gpu = %s.info.uuid, call, timeout_ms = timeout.as_millis() as u64,
-                "NVML call is stuck past its deadline; this GPU's metrics are stale, the others keep updating");
+                "NVML call is stuck past its deadline; this GPU's metrics are stale");
         }
     }
 }
 
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the thread entry point takes its whole context"
-)]
-fn run_gpu(
-    nvml: &Nvml,
-    index: u32,
-    slot: Arc<Mutex<GpuSlot>>,
-    busy: Arc<Mutex<Busy>>,
-    schedule: &[(Group, Duration)],
-    max_processes: usize,
-    retry_max: Duration,
-    shutdown: &Shutdown,
-    once: bool,
-    done: &(Mutex<usize>, Condvar),
-) {
+fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<Busy>>) {
     let finish = || {
-        *lock(&done.0) += 1;
-        done.1.notify_all();
+        *lock(&sh.done.0) += 1;
+        sh.done.1.notify_all();
     };
     let uuid = lock(&slot).info.uuid.clone();
     lock(&busy).call = Some(("device_handle", Instant::now()));
-    let dev = nvml.device_by_index(index);
+    let dev = sh.nvml.device_by_index(index);
     lock(&busy).call = None;
     let dev = match dev {
         Ok(d) => d,
         Err(e) => {
-            mark_failed(&slot, format!("cannot open the GPU: {e}"));
+            mark_failed(&slot, ("gpu_unreachable", format!("cannot open the GPU: {e}")));
             finish();
             return;
         }
     };
+    let process_window = sh
+        .schedule
+        .iter()
+        .find(|(g, _)| *g == Group::Processes)
+        .map_or(Duration::from_secs(5), |(_, d)| *d);
     let mut ctx = Ctx {
-        nvml,
+        nvml: &sh.nvml,
         dev,
         slot: slot.clone(),
         busy,
-        max_processes,
+        max_processes: sh.max_processes,
         gpm: GpmState::default(),
-        mig_instances: Vec::new(),
+        mig_devices: Vec::new(),
+        mig_mode: None,
         proc_names: BTreeMap::new(),
         last_process_sample: 0,
-        disabled: BTreeSet::new(),
+        process_window,
+        layout: sh.layout,
+        proc_root: sh.proc_root.clone(),
+        disabled: BTreeMap::new(),
+        reprobing: BTreeSet::new(),
         warned: BTreeMap::new(),
+        reported: sh.reported.clone(),
         uuid,
     };
     let start = Instant::now();
-    let mut due: Vec<Instant> = schedule.iter().map(|_| start).collect();
+    let mut due: Vec<Instant> = sh.schedule.iter().map(|_| start).collect();
     // Each group's last sample count, to size the next batch without regrowing it.
-    let mut sizes: Vec<usize> = schedule.iter().map(|_| 16).collect();
+    let mut sizes: Vec<usize> = sh.schedule.iter().map(|_| 16).collect();
+    let mut next_reprobe = start + sh.reprobe_every;
     let mut first_cycle = true;
     loop {
-        if shutdown.is_triggered() {
+        if sh.shutdown.is_triggered() {
             break;
         }
         let now = Instant::now();
-        let mut lost = false;
-        for (i, (group, interval)) in schedule.iter().enumerate() {
+        if now >= next_reprobe {
+            ctx.reprobe("periodic re-probe (sources.nvml.reprobe_interval_secs)");
+            next_reprobe = now + sh.reprobe_every;
+        }
+        let mut halted = None;
+        for (i, (group, interval)) in sh.schedule.iter().enumerate() {
             if due[i] > now {
                 continue;
             }
             let mut out = Vec::with_capacity(sizes[i]);
-            if collect::collect(*group, &mut ctx, &mut out).is_err() {
-                lost = true;
+            if let Err(h) = collect::collect(*group, &mut ctx, &mut out) {
+                halted = Some(h);
                 break;
             }
             sizes[i] = out.len();
@@ -371,16 +463,18 @@ fn run_gpu(
                 due[i] = now + *interval;
             }
         }
-        if lost {
+        if let Some(halt) = halted {
             ctx.gpm = GpmState::default();
-            if once {
-                mark_failed(&slot, "GPU is lost (fallen off the bus)".into());
+            let (code, why) = halt.reason();
+            mark_failed(&slot, (code, why.into()));
+            if sh.once {
                 finish();
                 return;
             }
-            if !wait_for_recovery(&mut ctx, retry_max, shutdown) {
+            if !wait_for_recovery(&mut ctx, sh.retry_max, &sh.shutdown) {
                 break;
             }
+            ctx.reprobe("the GPU answers again");
             let now = Instant::now();
             due.iter_mut().for_each(|d| *d = now);
             continue;
@@ -388,7 +482,7 @@ fn run_gpu(
         if first_cycle {
             first_cycle = false;
             finish();
-            if once {
+            if sh.once {
                 return;
             }
         }
@@ -396,8 +490,9 @@ fn run_gpu(
             .iter()
             .min()
             .copied()
-            .unwrap_or(now + Duration::from_secs(1));
-        if shutdown.sleep(next.saturating_duration_since(Instant::now())) {
+            .unwrap_or(now + Duration::from_secs(1))
+            .min(next_reprobe);
+        if sh.shutdown.sleep(next.saturating_duration_since(Instant::now())) {
             break;
         }
     }
@@ -408,10 +503,10 @@ fn publish(slot: &Mutex<GpuSlot>, group: Group, samples: Vec<Sample>) {
     s.groups[group.index()] = Arc::new(samples);
 }
 
-fn mark_failed(slot: &Mutex<GpuSlot>, reason: String) {
+fn mark_failed(slot: &Mutex<GpuSlot>, reason: (&'static str, String)) {
     let mut s = lock(slot);
     if s.state != HealthState::Failed {
-        tracing::error!(gpu = %s.info.uuid, reason = %reason, "GPU failed; its metrics are withdrawn until it answers again");
+        tracing::error!(gpu = %s.info.uuid, reason = %reason.1, "GPU failed; its metrics are withdrawn until it answers again");
     }
     s.state = HealthState::Failed;
     s.reason = Some(reason);
@@ -420,27 +515,33 @@ fn mark_failed(slot: &Mutex<GpuSlot>, reason: String) {
     }
 }
 
-/// Reports the GPU failed and probes it with backoff. Returns false on shutdown.
+/// Probes a failed GPU with backoff until it answers (its UUID, and a memory read that
+/// reaches the GPU: a driver may answer the UUID from its cache while the GPU still needs a
+/// reset). Returns false on shutdown.
 fn wait_for_recovery(ctx: &mut Ctx<'_>, retry_max: Duration, shutdown: &Shutdown) -> bool {
-    mark_failed(&ctx.slot, "GPU is lost (fallen off the bus)".into());
     let mut wait = Duration::from_secs(1);
     loop {
         if shutdown.sleep(wait) {
             return false;
         }
         lock(&ctx.busy).call = Some(("nvmlDeviceGetUUID", Instant::now()));
-        let probe = ctx.dev.uuid();
+        let probe = ctx.dev.uuid().and_then(|_| {
+            match collect::raw::memory_v1(ctx.nvml, &ctx.dev) {
+                Err(e @ (NvmlError::GpuLost | NvmlError::ResetRequired)) => Err(e),
+                _ => Ok(()),
+            }
+        });
         lock(&ctx.busy).call = None;
         match probe {
-            Ok(_) => {
+            Ok(()) => {
                 let mut s = lock(&ctx.slot);
                 s.state = HealthState::Ok;
                 s.reason = None;
-                tracing::warn!(gpu = %s.info.uuid, "lost GPU answers again; collecting");
+                tracing::warn!(gpu = %s.info.uuid, "failed GPU answers again; collecting");
                 return true;
             }
             Err(e) => {
-                tracing::debug!(gpu = %ctx.uuid, error = %e, retry_in_secs = wait.as_secs(), "lost GPU still not answering");
+                tracing::debug!(gpu = %ctx.uuid, error = %e, retry_in_secs = wait.as_secs(), "failed GPU still not answering");
                 wait = (wait * 2).min(retry_max);
             }
         }

@@ -1,14 +1,16 @@
-//! Utilization, memory, power, temperatures and clocks.
+//! Utilization, memory, power and temperatures.
 
-use nvml_wrapper::enum_wrappers::device::{
-    Clock, PerformancePolicy, TemperatureSensor, TemperatureThreshold,
+use nvml_wrapper::enum_wrappers::device::{TemperatureSensor, TemperatureThreshold};
+
+use super::raw::{self, Decode, FieldRequest};
+use super::{
+    FI_MEMORY_TEMP, FI_TLIMIT_GPU_MAX, FI_TLIMIT_MEM_MAX, FI_TLIMIT_SHUTDOWN, FI_TLIMIT_SLOWDOWN,
+    PLAUSIBLE_CELSIUS, field, fields, index_name, pct,
 };
+use crate::model::{Feature, Metric, Sample};
+use crate::sources::nvml::worker::{Ctx, Halt};
 
-use super::{FI_MEMORY_TEMP, MAX_PLAUSIBLE_CELSIUS, field, memory_info_v1, pct};
-use crate::model::{Metric, Sample};
-use crate::sources::nvml::worker::{Ctx, Lost};
-
-pub(super) fn utilization(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
+pub(super) fn utilization(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     if let Some(u) = ctx.call("utilization", |d| d.utilization_rates())? {
         out.push(Sample::new(Metric::Utilization, pct(u.gpu)).with("hw.gpu.task", "general"));
         out.push(Sample::new(Metric::MemoryUtilization, pct(u.memory)));
@@ -26,7 +28,7 @@ pub(super) fn utilization(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<()
     Ok(())
 }
 
-pub(super) fn memory(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
+pub(super) fn memory(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     if let Some(m) = ctx.call("memory_info_v2", |d| d.memory_info())? {
         out.push(Sample::new(Metric::MemoryUsage, m.used as f64));
         out.push(Sample::new(Metric::MemoryLimit, m.total as f64));
@@ -35,7 +37,7 @@ pub(super) fn memory(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Los
     } else if ctx.is_disabled("memory_info_v2") {
         // Old drivers: the v1 struct, which has no reserved field and counts it as used.
         let nvml = ctx.nvml;
-        if let Some(m) = ctx.call("memory_info", |d| memory_info_v1(nvml, d))? {
+        if let Some(m) = ctx.call("memory_info", |d| raw::memory_v1(nvml, d))? {
             out.push(Sample::new(Metric::MemoryUsage, m.used as f64));
             out.push(Sample::new(Metric::MemoryLimit, m.total as f64));
             out.push(Sample::new(Metric::MemoryFree, m.free as f64));
@@ -48,7 +50,7 @@ pub(super) fn memory(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Los
     Ok(())
 }
 
-pub(super) fn power(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
+pub(super) fn power(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     if let Some(mw) = ctx.call("power_usage", |d| d.power_usage())? {
         out.push(Sample::new(Metric::Power, f64::from(mw) / 1000.0).with("hw.type", "gpu"));
     }
@@ -84,14 +86,52 @@ pub(super) fn power(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost
     Ok(())
 }
 
-pub(super) fn temperature(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
-    if let Some(t) = ctx.call("temperature_gpu", |d| d.temperature(TemperatureSensor::Gpu))? {
-        out.push(
-            Sample::new(Metric::Temperature, f64::from(t)).with("hw.sensor_location", "gpu_die"),
-        );
+/// (field, legacy threshold, location, limit type)
+const THRESHOLDS: [(u32, TemperatureThreshold, &str, &str); 4] = [
+    (
+        FI_TLIMIT_SLOWDOWN,
+        TemperatureThreshold::Slowdown,
+        "gpu_die",
+        "slowdown",
+    ),
+    (
+        FI_TLIMIT_SHUTDOWN,
+        TemperatureThreshold::Shutdown,
+        "gpu_die",
+        "shutdown",
+    ),
+    (
+        FI_TLIMIT_GPU_MAX,
+        TemperatureThreshold::GpuMax,
+        "gpu_die",
+        "max_operating",
+    ),
+    (
+        FI_TLIMIT_MEM_MAX,
+        TemperatureThreshold::MemoryMax,
+        "memory_junction",
+        "max_operating",
+    ),
+];
+
+pub(super) fn temperature(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
+    // The die temperature: `nvmlDeviceGetTemperatureV` first (CUDA 13 deprecates
+    // `nvmlDeviceGetTemperature` and announces its removal), the old call on older drivers.
+    let nvml = ctx.nvml;
+    let die = match ctx.call("temperature_gpu_v", |d| raw::temperature_v(nvml, d))? {
+        Some(t) => Some(f64::from(t)),
+        None if ctx.is_disabled("temperature_gpu_v") => ctx
+            .call("temperature_gpu", |d| d.temperature(TemperatureSensor::Gpu))?
+            .map(f64::from),
+        None => None,
+    };
+    if let Some(t) = die {
+        out.push(Sample::new(Metric::Temperature, t).with("hw.sensor_location", "gpu_die"));
     }
-    if let Some(v) = field(ctx, "temperature_memory", FI_MEMORY_TEMP)? {
-        if v > 0.0 && v <= MAX_PLAUSIBLE_CELSIUS {
+    // Memory junction (HBM): read as the integer whatever `valueType` says (R545 drivers label
+    // it double), and only plausible readings.
+    if let Some(v) = field(ctx, "temperature_memory", FI_MEMORY_TEMP, Decode::Uint)? {
+        if PLAUSIBLE_CELSIUS.contains(&v) {
             out.push(
                 Sample::new(Metric::Temperature, v).with("hw.sensor_location", "memory_junction"),
             );
@@ -102,111 +142,38 @@ pub(super) fn temperature(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<()
             );
         }
     }
-    let thresholds = [
-        (
-            "temperature_threshold_slowdown",
-            TemperatureThreshold::Slowdown,
-            "gpu_die",
-            "slowdown",
-        ),
-        (
-            "temperature_threshold_shutdown",
-            TemperatureThreshold::Shutdown,
-            "gpu_die",
-            "shutdown",
-        ),
-        (
-            "temperature_threshold_gpu_max",
-            TemperatureThreshold::GpuMax,
-            "gpu_die",
-            "max_operating",
-        ),
-        (
-            "temperature_threshold_memory_max",
-            TemperatureThreshold::MemoryMax,
-            "memory_junction",
-            "max_operating",
-        ),
-    ];
-    for (feature, kind, location, limit) in thresholds {
-        if let Some(t) = ctx.call(feature, |d| d.temperature_threshold(kind))? {
+    // Thresholds: the `*_TLIMIT` fields first, the deprecated call for those a driver lacks.
+    let requests: Vec<FieldRequest> = THRESHOLDS
+        .iter()
+        .map(|(id, ..)| FieldRequest::typed(*id))
+        .collect();
+    let from_fields = fields(ctx, "temperature_thresholds", &requests)?;
+    for ((id, kind, location, limit), v) in THRESHOLDS.iter().zip(from_fields) {
+        let v = match v {
+            Some(v) => Some(v),
+            None if ctx.is_disabled("temperature_thresholds")
+                || ctx.is_disabled(Feature::at("temperature_thresholds", *id)) =>
+            {
+                ctx.call(Feature::at("temperature_threshold", *id), |d| {
+                    d.temperature_threshold(*kind)
+                })?
+                .map(f64::from)
+            }
+            None => None,
+        };
+        if let Some(t) = v {
             out.push(
-                Sample::new(Metric::TemperatureLimit, f64::from(t))
-                    .with("hw.sensor_location", location)
-                    .with("hw.limit_type", limit),
+                Sample::new(Metric::TemperatureLimit, t)
+                    .with("hw.sensor_location", *location)
+                    .with("hw.limit_type", *limit),
             );
         }
     }
-    let fans = ctx.call("fan_speed", |d| d.num_fans())?.unwrap_or(0);
-    for fan in 0..fans {
-        if let Some(p) = ctx.call("fan_speed", |d| d.fan_speed(fan))? {
-            out.push(Sample::new(Metric::FanSpeed, pct(p)).with("hw.fan.index", fan.to_string()));
+    let fans = ctx.call("fan_count", |d| d.num_fans())?.unwrap_or(0);
+    for fan in 0..fans.min(super::MAX_NVLINKS) {
+        if let Some(p) = ctx.call(Feature::at("fan_speed", fan), |d| d.fan_speed(fan))? {
+            out.push(Sample::new(Metric::FanSpeed, pct(p)).with("hw.fan.index", index_name(fan)));
         }
     }
     Ok(())
 }
-
-pub(super) fn clocks(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
-    let domains = [
-        (
-            "clock_graphics",
-            "max_clock_graphics",
-            Clock::Graphics,
-            "graphics",
-        ),
-        ("clock_sm", "max_clock_sm", Clock::SM, "sm"),
-        ("clock_memory", "max_clock_memory", Clock::Memory, "memory"),
-        ("clock_video", "max_clock_video", Clock::Video, "video"),
-    ];
-    for (cur, max, clock, name) in domains {
-        if let Some(mhz) = ctx.call(cur, |d| d.clock_info(clock))? {
-            out.push(
-                Sample::new(Metric::ClockFrequency, f64::from(mhz) * 1e6)
-                    .with("gpu.clock.domain", name),
-            );
-        }
-        if let Some(mhz) = ctx.call(max, |d| d.max_clock_info(clock))? {
-            out.push(
-                Sample::new(Metric::ClockMaxFrequency, f64::from(mhz) * 1e6)
-                    .with("gpu.clock.domain", name),
-            );
-        }
-    }
-    if let Some(p) = ctx.call("performance_state", |d| d.performance_state())? {
-        out.push(Sample::new(Metric::PerformanceState, f64::from(p.as_c())));
-    }
-    if let Some(r) = ctx.call("clock_event_reasons", |d| d.current_throttle_reasons())? {
-        let bits = r.bits();
-        for (bit, name) in CLOCK_EVENT_REASONS {
-            out.push(
-                Sample::new(Metric::ClockEvent, f64::from(u8::from(bits & bit != 0)))
-                    .with("gpu.clock.event.reason", *name),
-            );
-        }
-    }
-    for (feature, policy, name) in [
-        ("violation_power", PerformancePolicy::Power, "power"),
-        ("violation_thermal", PerformancePolicy::Thermal, "thermal"),
-    ] {
-        if let Some(v) = ctx.call(feature, |d| d.violation_status(policy))? {
-            out.push(
-                Sample::new(Metric::ViolationTime, v.violation_time as f64 / 1e9)
-                    .with("gpu.violation.type", name),
-            );
-        }
-    }
-    Ok(())
-}
-
-/// `nvmlClocksEventReason*` bits and their names.
-pub const CLOCK_EVENT_REASONS: &[(u64, &str)] = &[
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-];

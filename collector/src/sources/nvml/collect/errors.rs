@@ -1,17 +1,27 @@
 //! ECC, retired pages, remapped rows, the recovery action, and PCIe.
 
-use std::os::raw::c_uint;
-
 use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, PcieUtilCounter, RetirementCause,
 };
-use nvml_wrapper::error::NvmlError;
 
+use super::raw::{self, Decode};
 use super::{FI_RECOVERY_ACTION, field};
 use crate::model::{Metric, Sample};
-use crate::sources::nvml::worker::{Ctx, Lost};
+use crate::sources::nvml::worker::{Ctx, Halt};
 
-pub(super) fn errors(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
+/// `nvmlDeviceGpuRecoveryAction_t` values and their `gpu.recovery_action` names; CUDA 13
+/// added `NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN` (5). A value not listed here is
+/// reported as `unknown` rather than dropped.
+const RECOVERY_ACTIONS: [(u32, &str); 6] = [
+    (0, "none"),
+    (1, "gpu_reset"),
+    (2, "node_reboot"),
+    (3, "drain_p2p"),
+    (4, "drain_and_reset"),
+    (5, "recover_imex_domain"),
+];
+
+pub(super) fn errors(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     let ecc = [
         (
             "ecc_corrected_volatile",
@@ -76,7 +86,7 @@ pub(super) fn errors(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Los
     }
     let nvml = ctx.nvml;
     if let Some((corr, unc, pending, failure)) =
-        ctx.call("remapped_rows", |d| remapped_rows(nvml, d))?
+        ctx.call("remapped_rows", |d| raw::remapped_rows(nvml, d))?
     {
         out.push(
             Sample::new(Metric::RemappedRows, f64::from(corr))
@@ -95,41 +105,24 @@ pub(super) fn errors(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Los
             f64::from(u8::from(failure != 0)),
         ));
     }
-    if let Some(v) = field(ctx, "recovery_action", FI_RECOVERY_ACTION)? {
+    if let Some(v) = field(ctx, "recovery_action", FI_RECOVERY_ACTION, Decode::Typed)? {
         let current = v as u32;
-        for (code, name) in [
-            (0, "none"),
-            (1, "gpu_reset"),
-            (2, "node_reboot"),
-            (3, "drain_p2p"),
-            (4, "drain_and_reset"),
-        ] {
+        let known = RECOVERY_ACTIONS.iter().any(|(c, _)| *c == current);
+        for (code, name) in RECOVERY_ACTIONS {
             out.push(
                 Sample::new(Metric::RecoveryAction, f64::from(u8::from(current == code)))
                     .with("gpu.recovery_action", name),
             );
         }
+        out.push(
+            Sample::new(Metric::RecoveryAction, f64::from(u8::from(!known)))
+                .with("gpu.recovery_action", "unknown"),
+        );
     }
     Ok(())
 }
 
-pub(super) fn remapped_rows(
-    nvml: &nvml_wrapper::Nvml,
-    d: &nvml_wrapper::Device<'_>,
-) -> Result<(c_uint, c_uint, c_uint, c_uint), NvmlError> {
-    let sym = nvml
-        .lib()
-        .nvmlDeviceGetRemappedRows
-        .as_ref()
-        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
-    let (mut a, mut b, mut p, mut f) = (0, 0, 0, 0);
-    // SAFETY: a live handle from this library and four valid out-pointers.
-    let rc = unsafe { sym(d.handle(), &mut a, &mut b, &mut p, &mut f) };
-    nvml_wrapper::error::nvml_try(rc)?;
-    Ok((a, b, p, f))
-}
-
-pub(super) fn pcie(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
+pub(super) fn pcie(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     for (feature, counter, dir) in [
         ("pcie_throughput_tx", PcieUtilCounter::Send, "transmit"),
         ("pcie_throughput_rx", PcieUtilCounter::Receive, "receive"),

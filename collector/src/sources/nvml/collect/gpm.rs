@@ -7,7 +7,11 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 
 use crate::model::{Metric, Sample};
-use crate::sources::nvml::worker::{Ctx, Lost};
+use crate::sources::nvml::worker::{Ctx, Halt};
+
+/// The first publication needs two samples: the second is taken this long after the first,
+/// comfortably above the 100 ms NVML asks for between GPM samples (nvml.h, `nvmlGpmMetricsGet`).
+const FIRST_SAMPLE_GAP: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// GPM needs two samples: the previous one is kept between cycles.
 #[derive(Default)]
@@ -91,11 +95,11 @@ pub(super) const GPM_METRICS: &[GpmMapping] = &[
     ),
 ];
 
-pub(super) fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
+pub(super) fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     match ctx.call("gpm", |d| d.gpm_support())? {
         Some(true) => {}
         Some(false) => {
-            ctx.disable("gpm", "GPU has no GPM (Hopper and newer only)".into());
+            ctx.disable_unsupported("gpm", "GPU has no GPM (Hopper and newer only)");
             return Ok(());
         }
         None => return Ok(()),
@@ -104,7 +108,7 @@ pub(super) fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> 
         // First cycle: take a baseline, and a second sample shortly after so that the first
         // publication already has values.
         ctx.gpm.prev = ctx.call("gpm", |d| d.gpm_sample())?;
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::thread::sleep(FIRST_SAMPLE_GAP);
     }
     if let Some(next) = ctx.call("gpm", |d| d.gpm_sample())? {
         let nvml = ctx.nvml;
@@ -120,17 +124,15 @@ pub(super) fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> 
     mig_instances(ctx, out)
 }
 
-/// Per MIG instance (`hw.id` = MIG UUID), from samples of its GPU instance.
-fn mig_instances(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
-    let instances = ctx.mig_instances.clone();
-    ctx.gpm
-        .mig_prev
-        .retain(|gi, _| instances.iter().any(|(g, _)| g == gi));
-    if instances.is_empty() {
-        return Ok(());
-    }
-    let parent = crate::model::lock(&ctx.slot).info.uuid.clone();
-    for (gi, uuid) in instances {
+/// Per GPU instance: GPM samples a GPU instance, not a compute instance, so a GPU instance
+/// that holds several compute instances (MIG devices) is sampled once. Its series carry the
+/// GPU's `hw.id` and `gpu.mig.gpu_instance_id`.
+fn mig_instances(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
+    let mut instances: Vec<u32> = ctx.mig_devices.iter().map(|m| m.gpu_instance).collect();
+    instances.sort_unstable();
+    instances.dedup();
+    ctx.gpm.mig_prev.retain(|gi, _| instances.contains(gi));
+    for gi in instances {
         let Some(next) = ctx.call("gpm_mig", |d| d.gpm_mig_sample(gi))? else {
             continue;
         };
@@ -144,9 +146,7 @@ fn mig_instances(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
         ctx.gpm.mig_prev.insert(gi, next);
         let gi = gi.to_string();
         push_metrics(ctx, results, out, |s| {
-            s.with("hw.id", uuid.clone())
-                .with("hw.parent", parent.clone())
-                .with("gpu.mig.gpu_instance_id", gi.clone())
+            s.with("gpu.mig.gpu_instance_id", gi.clone())
         })?;
     }
     Ok(())
@@ -162,9 +162,11 @@ fn push_metrics(
     results: Option<Vec<Result<nvml_wrapper::struct_wrappers::gpm::GpmMetricResult, NvmlError>>>,
     out: &mut Vec<Sample>,
     tag: impl Fn(Sample) -> Sample,
-) -> Result<(), Lost> {
+) -> Result<(), Halt> {
     for (r, (_, metric, attr, scale)) in results.into_iter().flatten().zip(GPM_METRICS) {
         match r {
+            // NaN happens (DCGM blanks such values): no reading, not a NaN series.
+            Ok(v) if !v.value.is_finite() => {}
             Ok(v) => {
                 let mut s = Sample::new(*metric, v.value * scale);
                 if let Some((k, val)) = attr {

@@ -1,46 +1,77 @@
-//! NVLink per link: state, data counters and errors.
+//! NVLink per link: state, data counters, errors and (Blackwell) link recovery. Each link and
+//! counter is a feature of its own, so that one unsupported link or counter does not switch
+//! off the others.
 
-use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
-use nvml_wrapper::error::NvmlError;
-use nvml_wrapper_sys::bindings::nvmlFieldValue_t;
+use super::raw::{self, Decode, FieldRequest};
+use super::{
+    FI_NVLINK_LINK_COUNT, FI_NVLINK_RECOVERY_EVENTS, FI_NVLINK_RECOVERY_FAILED,
+    FI_NVLINK_RECOVERY_SUCCESSFUL, FI_NVLINK_RX, FI_NVLINK_TX, MAX_NVLINKS, field, index_name,
+};
+use crate::model::{Feature, Metric, Sample};
+use crate::sources::nvml::worker::{Ctx, Halt};
 
-use super::{FI_NVLINK_LINK_COUNT, FI_NVLINK_RX, FI_NVLINK_TX, LINK_NAMES, MAX_NVLINKS, field};
-use crate::model::{Metric, Sample};
-use crate::sources::nvml::worker::{Ctx, Lost};
+/// `nvmlNvLinkErrorCounter_t` values, their feature names and `gpu.nvlink.error.type`.
+const ERROR_COUNTERS: [(u32, &str, &str); 5] = [
+    (0, "nvlink_error_replay", "replay"),
+    (1, "nvlink_error_recovery", "recovery"),
+    (2, "nvlink_error_crc_flit", "crc_flit"),
+    (3, "nvlink_error_crc_data", "crc_data"),
+    // NVML_NVLINK_ERROR_DL_ECC_DATA
+    (4, "nvlink_error_ecc_data", "ecc_data"),
+];
 
-pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
-    let Some(links) = field(ctx, "nvlink", FI_NVLINK_LINK_COUNT)? else {
+/// Link-recovery count fields and their `gpu.nvlink.recovery.outcome`.
+const RECOVERY: [(u32, &str); 3] = [
+    (FI_NVLINK_RECOVERY_SUCCESSFUL, "successful"),
+    (FI_NVLINK_RECOVERY_FAILED, "failed"),
+    (FI_NVLINK_RECOVERY_EVENTS, "all"),
+];
+
+pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
+    let Some(links) = field(ctx, "nvlink", FI_NVLINK_LINK_COUNT, Decode::Typed)? else {
         return Ok(());
     };
     let links = (links as u32).min(MAX_NVLINKS);
     let nvml = ctx.nvml;
     for link in 0..links {
-        let name = LINK_NAMES.get(link as usize).copied().unwrap_or("?");
-        if let Some(up) = ctx.call("nvlink_state", |d| d.link_wrapper_for(link).is_active())? {
+        let name = index_name(link);
+        if let Some(up) = ctx.call(Feature::at("nvlink_state", link), |d| {
+            d.link_wrapper_for(link).is_active()
+        })? {
             out.push(
                 Sample::new(Metric::NvlinkState, f64::from(u8::from(up)))
                     .with("gpu.nvlink.link", name),
             );
         }
-        if let Some((tx, rx)) =
-            ctx.call("nvlink_throughput", |d| nvlink_throughput(nvml, d, link))?
-        {
-            for (v, dir) in [(tx, "transmit"), (rx, "receive")] {
-                out.push(
-                    Sample::new(Metric::NvlinkIo, v as f64 * 1024.0)
-                        .with("gpu.nvlink.link", name)
-                        .with("network.io.direction", dir),
-                );
+        let data = [
+            FieldRequest {
+                id: FI_NVLINK_TX,
+                scope: link,
+                decode: Decode::Typed,
+            },
+            FieldRequest {
+                id: FI_NVLINK_RX,
+                scope: link,
+                decode: Decode::Typed,
+            },
+        ];
+        if let Some(v) = ctx.call(Feature::at("nvlink_throughput", link), |d| {
+            raw::field_values(nvml, d, &data)
+        })? {
+            for (r, dir) in v.into_iter().zip(["transmit", "receive"]) {
+                match r {
+                    Ok(kib) => out.push(
+                        Sample::new(Metric::NvlinkIo, kib * 1024.0)
+                            .with("gpu.nvlink.link", name)
+                            .with("network.io.direction", dir),
+                    ),
+                    Err(e) => ctx.failed(Feature::at("nvlink_throughput", link), e)?,
+                }
             }
         }
-        for (counter, ty) in [
-            (ErrorCounter::DlReplay, "replay"),
-            (ErrorCounter::DlRecovery, "recovery"),
-            (ErrorCounter::DlCrcFlit, "crc_flit"),
-            (ErrorCounter::DlCrcData, "crc_data"),
-        ] {
-            if let Some(n) = ctx.call("nvlink_errors", |d| {
-                d.link_wrapper_for(link).error_counter(counter)
+        for (counter, feature, ty) in ERROR_COUNTERS {
+            if let Some(n) = ctx.call(Feature::at(feature, link), |d| {
+                raw::nvlink_error(nvml, d, link, counter)
             })? {
                 out.push(
                     Sample::new(Metric::NvlinkErrors, n as f64)
@@ -49,33 +80,32 @@ pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Los
                 );
             }
         }
+        let requests: Vec<FieldRequest> = RECOVERY
+            .iter()
+            .map(|(id, _)| FieldRequest {
+                id: *id,
+                scope: link,
+                decode: Decode::Typed,
+            })
+            .collect();
+        let feature = Feature::at("nvlink_link_recovery", link);
+        if let Some(v) = ctx.call(feature, |d| raw::field_values(nvml, d, &requests))? {
+            let mut unsupported = None;
+            for (r, (_, outcome)) in v.into_iter().zip(RECOVERY) {
+                match r {
+                    Ok(n) => out.push(
+                        Sample::new(Metric::NvlinkRecovery, n)
+                            .with("gpu.nvlink.link", name)
+                            .with("gpu.nvlink.recovery.outcome", outcome),
+                    ),
+                    Err(e) => unsupported = Some(e),
+                }
+            }
+            // Pre-Blackwell parts answer NOT_SUPPORTED per field: disable the link's group.
+            if let Some(e) = unsupported.filter(|_| !out.iter().any(|s| s.metric == Metric::NvlinkRecovery && s.attr("gpu.nvlink.link") == Some(name))) {
+                ctx.failed(feature, e)?;
+            }
+        }
     }
     Ok(())
-}
-
-/// Per-link TX/RX data counters (KiB): field values with `scopeId` = link, which
-/// `field_values_for` does not expose.
-pub(super) fn nvlink_throughput(
-    nvml: &nvml_wrapper::Nvml,
-    d: &nvml_wrapper::Device<'_>,
-    link: u32,
-) -> Result<(u64, u64), NvmlError> {
-    let sym = nvml
-        .lib()
-        .nvmlDeviceGetFieldValues
-        .as_ref()
-        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
-    // SAFETY: nvmlFieldValue_t is plain data; all-zero is a valid value.
-    let mut values: [nvmlFieldValue_t; 2] = unsafe { std::mem::zeroed() };
-    values[0].fieldId = FI_NVLINK_TX;
-    values[1].fieldId = FI_NVLINK_RX;
-    values[0].scopeId = link;
-    values[1].scopeId = link;
-    // SAFETY: a live handle and an array of 2 field values, as the count says.
-    let rc = unsafe { sym(d.handle(), 2, values.as_mut_ptr()) };
-    nvml_wrapper::error::nvml_try(rc)?;
-    nvml_wrapper::error::nvml_try(values[0].nvmlReturn)?;
-    nvml_wrapper::error::nvml_try(values[1].nvmlReturn)?;
-    // SAFETY: the union member matches valueType for these fields (unsigned long long).
-    Ok(unsafe { (values[0].value.ullVal, values[1].value.ullVal) })
 }

@@ -1,81 +1,96 @@
 //! Processes and MIG instances.
 
-use nvml_wrapper::enums::device::UsedGpuMemory;
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::struct_wrappers::device::{MemoryInfo, ProcessInfo};
+use nvml_wrapper::struct_wrappers::device::{MemoryInfo, ProcessUtilizationSample};
 
-use super::{memory_info_v1, pct};
+use super::raw::{self, ProcessKind, RawProcess};
+use super::{MigDevice, pct};
 use crate::model::{Metric, Sample};
-use crate::sources::nvml::worker::{Ctx, Lost};
+use crate::sources::nvml::worker::{Ctx, Halt};
 
-pub(super) fn processes(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
-    let compute = match ctx.call("compute_processes", |d| d.running_compute_processes())? {
-        Some(p) => Some(p),
-        None if ctx.is_disabled("compute_processes") => {
-            ctx.call("compute_processes_v2", |d| d.running_compute_processes_v2())?
-        }
-        None => None,
-    };
-    let graphics = match ctx.call("graphics_processes", |d| d.running_graphics_processes())? {
-        Some(p) => Some(p),
-        None if ctx.is_disabled("graphics_processes") => ctx
-            .call("graphics_processes_v2", |d| {
-                d.running_graphics_processes_v2()
-            })?,
-        None => None,
-    };
-    let mut all: Vec<(ProcessInfo, &'static str)> = Vec::new();
-    for (list, kind) in [(compute, "compute"), (graphics, "graphics")] {
-        if let Some(list) = list {
+/// `nvmlSystemGetProcessName` crops the name to the buffer it is given and still succeeds
+/// (nvml.h); a path can be as long as `PATH_MAX`.
+const PROCESS_NAME_BUFFER: usize = 4096;
+
+pub(super) fn processes(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
+    let (nvml, layout) = (ctx.nvml, ctx.layout);
+    let mut all: Vec<(RawProcess, &'static str)> = Vec::new();
+    for (feature, kind, name) in [
+        ("compute_processes", ProcessKind::Compute, "compute"),
+        ("graphics_processes", ProcessKind::Graphics, "graphics"),
+    ] {
+        if let Some(list) = ctx.call(feature, |d| raw::processes(nvml, d, kind, layout))? {
             out.push(
-                Sample::new(Metric::ProcessCount, list.len() as f64).with("gpu.process.type", kind),
+                Sample::new(Metric::ProcessCount, list.len() as f64).with("gpu.process.type", name),
             );
-            all.extend(list.into_iter().map(|p| (p, kind)));
+            all.extend(list.into_iter().map(|p| (p, name)));
         }
     }
-    let used = |p: &ProcessInfo| match p.used_gpu_memory {
-        UsedGpuMemory::Used(b) => b,
-        UsedGpuMemory::Unavailable => 0,
-    };
-    all.sort_by_key(|(p, _)| std::cmp::Reverse(used(p)));
+    // The heaviest first; unknown memory last.
+    all.sort_by_key(|(p, _)| std::cmp::Reverse(p.used.unwrap_or(0)));
     all.truncate(ctx.max_processes);
     let live: Vec<u32> = all.iter().map(|(p, _)| p.pid).collect();
     ctx.proc_names.retain(|pid, _| live.contains(pid));
     for (p, kind) in &all {
         let name = process_name(ctx, p.pid)?;
-        let mut s = Sample::new(Metric::ProcessMemory, used(p) as f64)
+        // "Not available" memory is no reading: the process is counted, not exported as 0.
+        let Some(used) = p.used else { continue };
+        let mut s = Sample::new(Metric::ProcessMemory, used as f64)
             .with("process.pid", p.pid.to_string())
             .with("process.executable.name", name)
             .with("gpu.process.type", *kind);
-        if let Some(gi) = p.gpu_instance_id {
+        if let Some(gi) = p.gpu_instance {
             s = s.with("gpu.mig.gpu_instance_id", gi.to_string());
         }
         out.push(s);
     }
-    let since = ctx.last_process_sample;
-    // NOT_FOUND: no samples since the last read, i.e. nothing ran.
+    utilization(ctx, &live, out)
+}
+
+/// Per-process utilization. The driver answers from a sample buffer: only processes with
+/// non-zero utilization, possibly several entries per pid, stale entries at or before the
+/// timestamp asked for, and values over 100. Kept: the newest entry per live pid that is newer
+/// than the last one seen, values within 0–100, so that no series repeats in one scrape.
+fn utilization(ctx: &mut Ctx<'_>, live: &[u32], out: &mut Vec<Sample>) -> Result<(), Halt> {
+    // The first read asks for one interval back, not for the driver's whole buffer (0).
+    let since = match ctx.last_process_sample {
+        0 => {
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0);
+            now.saturating_sub(ctx.process_window.as_micros() as u64)
+        }
+        t => t,
+    };
+    // NOT_FOUND: no samples since `since`, i.e. nothing ran.
     let samples = ctx.call("process_utilization", |d| {
         match d.process_utilization_stats(since) {
             Err(NvmlError::NotFound) => Ok(Vec::new()),
             r => r,
         }
     })?;
-    for u in samples
-        .unwrap_or_default()
-        .iter()
-        .filter(|u| live.contains(&u.pid))
-    {
+    let newest = newest_per_pid(samples.unwrap_or_default(), since, live);
+    for u in newest.values() {
         ctx.last_process_sample = ctx.last_process_sample.max(u.timestamp);
-        let name = process_name(ctx, u.pid)?;
+    }
+    for (pid, u) in newest {
+        let name = process_name(ctx, pid)?;
         for (v, task) in [
             (u.sm_util, "general"),
             (u.mem_util, "memory"),
             (u.enc_util, "encoder"),
             (u.dec_util, "decoder"),
         ] {
+            if v > 100 {
+                continue;
+            }
             out.push(
                 Sample::new(Metric::ProcessUtilization, pct(v))
-                    .with("process.pid", u.pid.to_string())
+                    .with("process.pid", pid.to_string())
                     .with("process.executable.name", name.clone())
                     .with("hw.gpu.task", task),
             );
@@ -84,34 +99,87 @@ pub(super) fn processes(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), 
     Ok(())
 }
 
-/// The process name from NVML, cached per pid (bounded by the live process list).
-pub(super) fn process_name(ctx: &mut Ctx<'_>, pid: u32) -> Result<String, Lost> {
+/// The newest sample per pid among those newer than `since`, for live pids.
+fn newest_per_pid(
+    samples: Vec<ProcessUtilizationSample>,
+    since: u64,
+    live: &[u32],
+) -> BTreeMap<u32, ProcessUtilizationSample> {
+    let mut newest: BTreeMap<u32, ProcessUtilizationSample> = BTreeMap::new();
+    for u in samples {
+        if u.timestamp <= since || !live.contains(&u.pid) {
+            continue;
+        }
+        match newest.get(&u.pid) {
+            Some(n) if n.timestamp >= u.timestamp => {}
+            _ => {
+                newest.insert(u.pid, u);
+            }
+        }
+    }
+    newest
+}
+
+/// A process's executable name, cached per pid (bounded by the live process list): the
+/// basename of `/proc/PID/exe`, else `/proc/PID/comm`, else NVML's name (read into a
+/// `PATH_MAX` buffer: a 64-byte one turns long interpreter or venv paths into wrong names).
+/// NVML pids are the host's: in a container, `/proc` is the host's only with `hostPID`.
+pub(super) fn process_name(ctx: &mut Ctx<'_>, pid: u32) -> Result<String, Halt> {
     if let Some(n) = ctx.proc_names.get(&pid) {
         return Ok(n.clone());
     }
-    let nvml = ctx.nvml;
-    // NOT_FOUND: the process has exited since the list was read.
-    let name = ctx.call("process_name", |_| match nvml.sys_process_name(pid, 64) {
-        Err(NvmlError::NotFound) => Ok(String::new()),
-        r => r,
-    })?;
-    let name = name
-        .unwrap_or_default()
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    let name = match proc_name(&ctx.proc_root, pid) {
+        Some(n) => n,
+        None => {
+            let nvml = ctx.nvml;
+            // NOT_FOUND: the process has exited since the list was read.
+            let name = ctx.call("process_name", |_| {
+                match nvml.sys_process_name(pid, PROCESS_NAME_BUFFER) {
+                    Err(NvmlError::NotFound) => Ok(String::new()),
+                    r => r,
+                }
+            })?;
+            basename(&name.unwrap_or_default()).to_string()
+        }
+    };
     ctx.proc_names.insert(pid, name.clone());
     Ok(name)
 }
 
-pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> {
+/// The executable's name from `/proc`, when the process is visible there.
+fn proc_name(proc_root: &std::path::Path, pid: u32) -> Option<String> {
+    let dir = proc_root.join(pid.to_string());
+    if let Ok(exe) = std::fs::read_link(dir.join("exe")) {
+        let exe = exe.to_string_lossy();
+        let name = basename(exe.trim_end_matches(" (deleted)"));
+        if !name.is_empty() {
+            return Some(name.to_string());
+        }
+    }
+    let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+    let comm = comm.trim_end_matches('\n');
+    (!comm.is_empty()).then(|| comm.to_string())
+}
+
+fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or_default()
+}
+
+pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     let Some(mode) = ctx.call("mig", |d| d.mig_mode())? else {
         return Ok(());
     };
     let enabled = mode.current == 1;
+    // MIG mode changes what the parent GPU supports (utilization, per-process utilization,
+    // remapped rows): try the unsupported features again.
+    if ctx.mig_mode.is_some_and(|m| m != enabled) {
+        tracing::info!(gpu = %crate::model::lock(&ctx.slot).info.uuid, mig = enabled, "MIG mode changed");
+        ctx.mig_mode = Some(enabled);
+        ctx.reprobe("MIG mode changed");
+    }
+    ctx.mig_mode = Some(enabled);
     out.push(Sample::new(Metric::MigMode, f64::from(u8::from(enabled))));
-    ctx.mig_instances.clear();
+    ctx.mig_devices.clear();
     if !enabled {
         return Ok(());
     }
@@ -128,15 +196,17 @@ pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> 
         let Some(uuid) = ctx.call("mig", |_| m.uuid())? else {
             continue;
         };
-        let gi_id = ctx.call("mig", |_| mig_id(nvml, &m, true))?;
-        if let Some(id) = gi_id {
-            ctx.mig_instances.push((id, uuid.clone()));
+        let gi_id = ctx.call("mig", |_| raw::mig_id(nvml, &m, true))?;
+        let ci_id = ctx.call("mig", |_| raw::mig_id(nvml, &m, false))?;
+        if let (Some(gi), Some(ci)) = (gi_id, ci_id) {
+            ctx.mig_devices.push(MigDevice {
+                gpu_instance: gi,
+                compute_instance: ci,
+                uuid: uuid.clone(),
+            });
         }
         let gi = gi_id.unwrap_or(u32::MAX).to_string();
-        let ci = ctx
-            .call("mig", |_| mig_id(nvml, &m, false))?
-            .unwrap_or(u32::MAX)
-            .to_string();
+        let ci = ci_id.unwrap_or(u32::MAX).to_string();
         let tag = |s: Sample| {
             s.with("hw.id", uuid.clone())
                 .with("hw.parent", parent.clone())
@@ -146,7 +216,7 @@ pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> 
         let mem = ctx.call("mig_memory", |_| {
             m.memory_info().or_else(|e| match e {
                 // Old drivers: the v1 struct.
-                NvmlError::FailedToLoadSymbol(_) => memory_info_v1(nvml, &m).map(|v| MemoryInfo {
+                NvmlError::FailedToLoadSymbol(_) => raw::memory_v1(nvml, &m).map(|v| MemoryInfo {
                     free: v.free,
                     reserved: 0,
                     total: v.total,
@@ -160,11 +230,9 @@ pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> 
             out.push(tag(Sample::new(Metric::MigMemoryUsage, mem.used as f64)));
             out.push(tag(Sample::new(Metric::MigMemoryLimit, mem.total as f64)));
         }
+        let layout = ctx.layout;
         let procs = ctx.call("mig_processes", |_| {
-            m.running_compute_processes().or_else(|e| match e {
-                NvmlError::FailedToLoadSymbol(_) => m.running_compute_processes_v2(),
-                e => Err(e),
-            })
+            raw::processes(nvml, &m, ProcessKind::Compute, layout)
         })?;
         if let Some(p) = procs {
             out.push(tag(Sample::new(Metric::MigProcesses, p.len() as f64)));
@@ -173,21 +241,40 @@ pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Lost> 
     Ok(())
 }
 
-/// GPU instance id (`gpu = true`) or compute instance id of a MIG device.
-pub(super) fn mig_id(
-    nvml: &nvml_wrapper::Nvml,
-    m: &nvml_wrapper::Device<'_>,
-    gpu: bool,
-) -> Result<u32, NvmlError> {
-    let lib = nvml.lib();
-    let sym = if gpu {
-        lib.nvmlDeviceGetGpuInstanceId.as_ref()
-    } else {
-        lib.nvmlDeviceGetComputeInstanceId.as_ref()
-    };
-    let sym = sym.map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
-    let mut id = 0;
-    // SAFETY: a live MIG handle and a valid out-pointer.
-    nvml_wrapper::error::nvml_try(unsafe { sym(m.handle(), &mut id) })?;
-    Ok(id)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(pid: u32, ts: u64, sm: u32) -> ProcessUtilizationSample {
+        ProcessUtilizationSample {
+            pid,
+            timestamp: ts,
+            sm_util: sm,
+            mem_util: 0,
+            enc_util: 0,
+            dec_util: 0,
+        }
+    }
+
+    #[test]
+    fn newest_sample_per_pid_newer_than_the_last_read() {
+        let got = newest_per_pid(
+            vec![s(1, 100, 50), s(1, 300, 90), s(1, 200, 40), s(2, 100, 7), s(3, 400, 1)],
+            100,
+            &[1, 2],
+        );
+        assert_eq!(got.len(), 1, "pid 2 is stale, pid 3 not live: {got:?}");
+        assert_eq!(got[&1].sm_util, 90);
+    }
+
+    #[test]
+    fn names_come_from_proc_when_visible() {
+        let dir = std::env::temp_dir().join(format!("junction-proc-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("77")).expect("dir");
+        std::fs::write(dir.join("77/comm"), "trainer\n").expect("comm");
+        assert_eq!(proc_name(&dir, 77).as_deref(), Some("trainer"));
+        assert_eq!(proc_name(&dir, 78), None);
+        assert_eq!(basename("/opt/venv/bin/python3.11"), "python3.11");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

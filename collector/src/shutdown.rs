@@ -1,0 +1,67 @@
+//! One shutdown signal for blocking threads (they sleep on a condition variable) and async
+//! tasks (they await a watch channel): triggering it wakes both at once.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use crate::model::lock;
+
+#[derive(Debug)]
+struct Inner {
+    stop: Mutex<bool>,
+    wake: Condvar,
+    tx: tokio::sync::watch::Sender<bool>,
+}
+
+/// A cloneable shutdown signal.
+#[derive(Debug, Clone)]
+pub struct Shutdown(Arc<Inner>);
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Self(Arc::new(Inner {
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            tx: tokio::sync::watch::Sender::new(false),
+        }))
+    }
+}
+
+impl Shutdown {
+    /// Asks every thread and task to stop.
+    pub fn trigger(&self) {
+        *lock(&self.0.stop) = true;
+        self.0.wake.notify_all();
+        self.0.tx.send_replace(true);
+    }
+
+    /// True once triggered.
+    pub fn is_triggered(&self) -> bool {
+        *lock(&self.0.stop)
+    }
+
+    /// Sleeps for `d` or until shutdown; returns true if shutting down.
+    pub fn sleep(&self, d: Duration) -> bool {
+        let guard = lock(&self.0.stop);
+        let (guard, _) = self
+            .0
+            .wake
+            .wait_timeout_while(guard, d, |stop| !*stop)
+            .unwrap_or_else(|e| e.into_inner());
+        *guard
+    }
+
+    /// Resolves once triggered.
+    pub async fn wait(&self) {
+        let mut rx = self.0.tx.subscribe();
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+
+    /// Sleeps for `d` or until shutdown (async); returns true if shutting down.
+    pub async fn sleep_async(&self, d: Duration) -> bool {
+        tokio::select! {
+            () = self.wait() => true,
+            () = tokio::time::sleep(d) => self.is_triggered(),
+        }
+    }
+}
