@@ -1,109 +1,92 @@
-//! The commands: `run`, `once` and `inventory`.
+//! The commands: `run`, `once` and `inventory`. Sources and sinks come from their tables
+//! (`sources::ALL`, `sinks::ALL`); nothing here knows any one of them.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 
+use crate::agent::{Ctx, SHUTDOWN_DEADLINE};
 use crate::config::Config;
 use crate::model::{GpuSlot, Metric, Model};
+use crate::shutdown::Shutdown;
 use crate::sinks::prometheus;
-use crate::sources::nvml::{NvmlSource, Shutdown};
-use crate::{Format, InventoryFormat};
+use crate::{Format, InventoryFormat, sinks, sources};
 
-/// How long shutdown waits for sources to stop.
-const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(3);
-
-/// `junction run`: start the sinks, then the sources; stop on SIGTERM or SIGINT.
-///
-/// The signal handlers and `/metrics` come first, so that a slow or hanging NVML start-up
-/// (seconds per GPU without persistence mode) neither hides the endpoint nor ignores SIGTERM.
-pub fn run(config: Config) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("junction-rt")
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
-    let result = rt.block_on(serve(config));
+        .context("cannot start the async runtime")
+}
+
+/// `junction run`: start the sinks, then the sources; stop on SIGTERM or SIGINT.
+///
+/// The signal handlers and the sinks come first, so that a slow or hanging source start-up
+/// (NVML takes seconds per GPU without persistence mode) neither hides the endpoint nor
+/// ignores SIGTERM.
+pub fn run(config: Config) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    let result = rt.block_on(serve(Arc::new(config)));
     // A source still starting (a hung nvmlInit) is not waited for.
     rt.shutdown_timeout(SHUTDOWN_DEADLINE);
     result
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
-    let signals = Signals::new();
+async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
+    let mut signals = Signals::new();
     let model = Model::new();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let server = if config.sinks.prometheus.enabled {
-        let listen = &config.sinks.prometheus.listen;
-        let listener = prometheus::bind(listen)
-            .await
-            .with_context(|| format!("cannot listen on {listen} (sinks.prometheus.listen)"))?;
-        tracing::info!(listen = %listen, "serving /metrics and /healthz");
-        let mut rx = stop_rx.clone();
-        let model = model.clone();
-        Some(tokio::spawn(async move {
-            prometheus::serve(listener, model, async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-            })
-            .await
-        }))
-    } else {
-        None
-    };
-
-    let shutdown = Shutdown::default();
-    let mut workers = None;
-    let mut signals = signals;
-    if config.sources.nvml.enabled {
-        // Down until it has started: /healthz answers 503 meanwhile.
-        model.set_source_up("nvml", false);
-        let (cfg, m, sd) = (config.sources.nvml.clone(), model.clone(), shutdown.clone());
-        let proc_root = config.proc_root.clone();
-        let start =
-            tokio::task::spawn_blocking(move || NvmlSource::build(&cfg, &proc_root, m).map(|s| s.start(sd)));
-        tokio::select! {
-            started = start => match started {
-                Ok(Ok(w)) => workers = Some(w),
-                Ok(Err(e)) => {
-                    // One failing source never stops the others: report it and keep serving.
-                    tracing::error!(error = %format!("{:#}", anyhow::Error::from(e)), "NVML source failed to start; serving without it");
-                }
-                Err(e) => tracing::error!(error = %e, "NVML start-up task failed; serving without it"),
-            },
-            () = signals.wait() => return stop(shutdown, stop_tx, server, None).await,
+    let (stop_sources, stop_sinks) = (Shutdown::default(), Shutdown::default());
+    let mut sink_tasks = Vec::new();
+    for sink in sinks::ALL.iter().filter(|s| (s.enabled)(&config)) {
+        let ctx = Ctx {
+            model: model.clone(),
+            shutdown: stop_sinks.clone(),
+        };
+        // A sink that cannot start (a busy port) fails the command, naming what to fix.
+        let task = (sink.start)(config.clone(), ctx).await?;
+        sink_tasks.push((sink.name, task));
+    }
+    let mut source_tasks = Vec::new();
+    for source in sources::ALL.iter().filter(|s| (s.enabled)(&config)) {
+        let ctx = Ctx {
+            model: model.clone(),
+            shutdown: stop_sources.clone(),
+        };
+        match (source.start)(config.clone(), ctx).await {
+            Ok(task) => source_tasks.push((source.name, task)),
+            // One failing source never stops the others.
+            Err(e) => {
+                model.set_source_up(source.name, false);
+                tracing::error!(source = source.name, error = %format!("{e:#}"), "source failed to start; going on without it");
+            }
         }
     }
     signals.wait().await;
-    stop(shutdown, stop_tx, server, workers).await
-}
-
-/// Shutdown in order: sources, then the HTTP server, each under the deadline.
-async fn stop(
-    shutdown: Shutdown,
-    stop_tx: tokio::sync::watch::Sender<bool>,
-    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
-    workers: Option<crate::sources::nvml::Workers>,
-) -> anyhow::Result<()> {
     tracing::info!("shutting down");
-    shutdown.trigger();
-    let _ = stop_tx.send(true);
-    if let Some(server) = server {
-        match tokio::time::timeout(SHUTDOWN_DEADLINE, server).await {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
-            Err(_) => tracing::warn!("HTTP server did not stop within the deadline"),
-            _ => {}
-        }
-    }
-    if let Some(w) = workers {
-        tokio::task::spawn_blocking(move || w.stop(SHUTDOWN_DEADLINE))
-            .await
-            .ok();
-    }
+    // Sources first, then the sinks (which may make a final export of what the sources left).
+    stop_sources.trigger();
+    wait_all("source", source_tasks).await;
+    stop_sinks.trigger();
+    wait_all("sink", sink_tasks).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Waits for tasks under [`SHUTDOWN_DEADLINE`]; one that does not stop is left behind.
+async fn wait_all(kind: &str, tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)>) {
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_DEADLINE;
+    for (name, task) in tasks {
+        if tokio::time::timeout_at(deadline, task).await.is_err() {
+            tracing::warn!(
+                kind,
+                name,
+                "did not stop within the shutdown deadline; left behind"
+            );
+        }
+    }
 }
 
 /// SIGTERM and SIGINT, registered as soon as the runtime starts.
@@ -137,19 +120,40 @@ impl Signals {
     }
 }
 
-fn collect_once(config: &Config) -> anyhow::Result<Arc<Model>> {
-    anyhow::ensure!(
-        config.sources.nvml.enabled,
-        "sources.nvml is disabled: nothing to collect"
-    );
+/// One collection by every enabled source that has one. A source that fails is reported;
+/// the command fails only if nothing could be collected.
+fn collect_once(config: Config) -> anyhow::Result<Arc<Model>> {
+    let config = Arc::new(config);
     let model = Model::new();
-    let source = NvmlSource::build(&config.sources.nvml, &config.proc_root, model)?;
-    Ok(source.collect_once())
+    let rt = runtime()?;
+    let result = rt.block_on(async {
+        let mut failures = Vec::new();
+        let mut ran = 0;
+        for source in sources::ALL.iter().filter(|s| (s.enabled)(&config)) {
+            let Some(once) = source.once else { continue };
+            ran += 1;
+            if let Err(e) = once(config.clone(), model.clone()).await {
+                failures.push(format!("{} source failed: {e:#}", source.name));
+            }
+        }
+        match (ran, failures.len()) {
+            (0, _) => anyhow::bail!("no source is enabled: nothing to collect"),
+            (n, f) if f == n => anyhow::bail!("{}", failures.join("\n")),
+            _ => {
+                for f in failures {
+                    eprintln!("junction: {f}");
+                }
+                Ok(())
+            }
+        }
+    });
+    rt.shutdown_timeout(SHUTDOWN_DEADLINE);
+    result.map(|()| model)
 }
 
 /// `junction once`: one collection, printed.
 pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
-    let model = collect_once(&config)?;
+    let model = collect_once(config)?;
     let text = match format {
         Format::Prometheus => prometheus::render(&model),
         Format::Json => serde_json::to_string_pretty(&json(&model))? + "\n",
@@ -161,7 +165,7 @@ pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
 
 /// `junction inventory`: GPUs, supported and disabled features.
 pub fn inventory(config: Config, format: InventoryFormat) -> anyhow::Result<()> {
-    let model = collect_once(&config)?;
+    let model = collect_once(config)?;
     let snap = model.snapshot();
     match format {
         InventoryFormat::Json => {

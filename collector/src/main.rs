@@ -1,5 +1,6 @@
 //! `junction`: the GPU node telemetry agent.
 
+mod agent;
 mod cli;
 mod config;
 mod model;

@@ -56,12 +56,4 @@ impl Shutdown {
         let mut rx = self.0.tx.subscribe();
         let _ = rx.wait_for(|stop| *stop).await;
     }
-
-    /// Sleeps for `d` or until shutdown (async); returns true if shutting down.
-    pub async fn sleep_async(&self, d: Duration) -> bool {
-        tokio::select! {
-            () = self.wait() => true,
-            () = tokio::time::sleep(d) => self.is_triggered(),
-        }
-    }
 }

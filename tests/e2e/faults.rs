@@ -279,6 +279,16 @@ fn missing_nvml_library_keeps_the_agent_serving() {
         "the log names the library: {}",
         agent.log()
     );
+    let log = agent.log();
+    assert_eq!(
+        log.matches("cannot open shared object file").count(),
+        1,
+        "the cause is said once: {log}"
+    );
+    assert!(
+        log.contains("NVIDIA container runtime") && log.contains("sources.nvml.library"),
+        "the error says what to do: {log}"
+    );
     assert!(agent.terminate().success());
 }
 

@@ -5,4 +5,5 @@ mod support;
 
 mod config_errors;
 mod faults;
+mod quirks;
 mod values;

@@ -416,6 +416,21 @@ fn every_family_has_the_scenario_values() {
         "gpm pcie rx",
     );
 
+    // Start-up says once per feature that page retirement is off, naming all eight GPUs and
+    // that it is expected on Hopper (not 3 features x 8 GPUs = 24 lines).
+    let log = agent.log();
+    let retired: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("retired_pages"))
+        .collect();
+    assert_eq!(retired.len(), 3, "{retired:#?}");
+    for l in &retired {
+        assert!(
+            l.contains("gpus=0,1,2,3,4,5,6,7") && l.contains("expected on Ampere and newer"),
+            "{l}"
+        );
+    }
+
     // Nothing disabled on a current H100 but page retirement (3 features) and the Blackwell
     // link-recovery fields, one feature per link (18).
     close(
@@ -500,22 +515,35 @@ fn promtool_finds_nothing() {
     );
 }
 
-/// `pynvml` (PyPI nvidia-ml-py) reads the same simulator: an independent check of the ABI.
+/// `pynvml` (PyPI nvidia-ml-py) reads the same simulator: an independent check of the ABI,
+/// on every scenario it can read. Those it cannot: `r535-processes` (pynvml reads 24-byte
+/// entries: the defect itself), `future-driver` (the script calls the deprecated
+/// `nvmlDeviceGetTemperature`), `old-driver` (no `MemoryInfo_v2`) and the MIG scenarios
+/// (no device utilization under MIG).
 #[test]
 fn pynvml_reads_the_same_values() {
     let python = std::env::var_os("JUNCTION_PYTHON").map(std::path::PathBuf::from);
     let Some(python) = support::require_tool("python-with-pynvml", python) else {
         return;
     };
+    for scenario in [
+        "h100-training.toml",
+        "r545-memory-temp.toml",
+        "long-process-name.toml",
+        "process-utilization.toml",
+        "gpm-nan.toml",
+    ] {
+        pynvml_agrees(&python, scenario);
+    }
+}
+
+fn pynvml_agrees(python: &std::path::Path, scenario: &str) {
     let lib = support::sim_lib("current");
     let out = support::output(
         std::process::Command::new(python)
             .arg(support::root().join("tests/pynvml/read.py"))
             .env("LD_LIBRARY_PATH", lib.parent().expect("dir"))
-            .env(
-                "JUNCTION_NVML_SIM_SCENARIO",
-                support::scenario("h100-training.toml"),
-            ),
+            .env("JUNCTION_NVML_SIM_SCENARIO", support::scenario(scenario)),
     );
     assert!(
         out.status.success(),
@@ -528,17 +556,15 @@ fn pynvml_reads_the_same_values() {
     std::fs::write(
         &config,
         format!(
-            "[sources.nvml]\nlibrary = {:?}\n",
+            "proc_root = {:?}\n[sources.nvml]\nlibrary = {:?}\n",
+            support::empty_proc().display().to_string(),
             lib.display().to_string()
         ),
     )
     .expect("config");
     let out = support::output(
         support::junction()
-            .env(
-                "JUNCTION_NVML_SIM_SCENARIO",
-                support::scenario("h100-training.toml"),
-            )
+            .env("JUNCTION_NVML_SIM_SCENARIO", support::scenario(scenario))
             .args(["once", "--format", "json", "--config"])
             .arg(&config),
     );
@@ -562,7 +588,7 @@ fn pynvml_reads_the_same_values() {
     let js = j["gpus"].as_array().expect("junction gpus");
     assert_eq!(pys.len(), js.len());
     for (p, g) in pys.iter().zip(js) {
-        let what = p["uuid"].as_str().expect("uuid");
+        let what = format!("{scenario} {}", p["uuid"].as_str().expect("uuid"));
         assert_eq!(g["gpu"]["uuid"], p["uuid"]);
         assert_eq!(g["gpu"]["name"], p["name"]);
         assert_eq!(
@@ -730,26 +756,54 @@ fn prometheus_scrapes_and_queries() {
 fn gpm_per_mig_instance() {
     let mut agent = Agent::start("h100-mig.toml", "current");
     let body = agent.wait_for(Duration::from_secs(20), |m| {
-        m.contains("gpu_mig_gpu_instance_id=\"5\"") && m.contains("gpu_sm_activity_ratio")
-            && m.lines().any(|l| l.starts_with("gpu_sm_activity_ratio") && l.contains("gpu_mig_gpu_instance_id=\"3\""))
+        m.contains("gpu_mig_gpu_instance_id=\"5\"")
+            && m.contains("gpu_sm_activity_ratio")
+            && m.lines().any(|l| {
+                l.starts_with("gpu_sm_activity_ratio")
+                    && l.contains("gpu_mig_gpu_instance_id=\"3\"")
+            })
     });
     let s = parse(&body);
     let gpu = support::uuids(&s)[0].clone();
-    let gi = |n: &'static str| [("hw_id", gpu.clone()), ("gpu_mig_gpu_instance_id", n.to_string())];
+    let gi = |n: &'static str| {
+        [
+            ("hw_id", gpu.clone()),
+            ("gpu_mig_gpu_instance_id", n.to_string()),
+        ]
+    };
     let on = |name: &str, labels: &[(&str, String)]| {
         let l: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
         value(&s, name, &l)
     };
-    close(on("gpu_sm_activity_ratio", &gi("3")), 0.71, "instance 3 SM activity");
-    close(on("gpu_sm_activity_ratio", &gi("5")), 0.12, "instance 5 SM activity");
-    close(on("gpu_dram_activity_ratio", &gi("5")), 0.04, "instance 5 DRAM");
+    close(
+        on("gpu_sm_activity_ratio", &gi("3")),
+        0.71,
+        "instance 3 SM activity",
+    );
+    close(
+        on("gpu_sm_activity_ratio", &gi("5")),
+        0.12,
+        "instance 5 SM activity",
+    );
+    close(
+        on("gpu_dram_activity_ratio", &gi("5")),
+        0.04,
+        "instance 5 DRAM",
+    );
     let mut tensor = gi("3").to_vec();
     tensor.push(("gpu_pipe", "tensor".into()));
-    close(on("gpu_pipe_activity_ratio", &tensor), 0.40, "instance 3 tensor");
+    close(
+        on("gpu_pipe_activity_ratio", &tensor),
+        0.40,
+        "instance 3 tensor",
+    );
     // GPU instance 5 holds two compute instances: sampled once, one series.
     let per_gi = s
         .iter()
-        .filter(|x| x.name == "gpu_sm_activity_ratio" && x.labels.get("gpu_mig_gpu_instance_id").map(String::as_str) == Some("5"))
+        .filter(|x| {
+            x.name == "gpu_sm_activity_ratio"
+                && x.labels.get("gpu_mig_gpu_instance_id").map(String::as_str) == Some("5")
+        })
         .count();
     assert_eq!(per_gi, 1, "one series per GPU instance");
     // Both compute instances of GPU instance 5 are MIG devices with their own memory.

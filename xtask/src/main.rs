@@ -2,6 +2,7 @@
 //! (installing what it needs) and the benchmarks.
 
 mod bench;
+mod gpu_check;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ commands:
   demo              run Junction on the simulated 8x H100 node: print the table, serve /metrics
   test              install what the tests need, then run every check and test
   bench [--smoke]   measure CPU and memory per collection; writes BENCHMARKS.md (not with --smoke)
+  gpu-check         on a GPU host, compare junction with nvidia-smi and pynvml (a dry run without a GPU)
 ";
 
 fn main() -> Result<()> {
@@ -31,6 +33,7 @@ fn main() -> Result<()> {
         "demo" => demo(),
         "test" => test(),
         "bench" => bench::run(rest.iter().any(|a| a == "--smoke")),
+        "gpu-check" => gpu_check::run_check(),
         _ => {
             eprint!("{USAGE}");
             if cmd.is_empty() || cmd == "help" || cmd == "--help" {
@@ -248,5 +251,7 @@ fn test() -> Result<()> {
     }
     c.env("JUNCTION_PYTHON", &env.python)
         .env("JUNCTION_BPF_OBJECT", &obj);
-    run(&mut c)
+    run(&mut c)?;
+    // The real-GPU comparison: a dry run here (no GPU), kept from rotting.
+    gpu_check::run_check()
 }

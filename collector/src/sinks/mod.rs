@@ -1,3 +1,9 @@
-//! Sinks: where data goes. Sinks read snapshots of the model; they never talk to sources.
+//! Sinks: where data goes. Sinks read snapshots of the model; they never talk to sources. Each
+//! has a folder and one line in [`ALL`].
 
 pub mod prometheus;
+
+use crate::agent::Component;
+
+/// Every sink, in start order.
+pub const ALL: &[Component] = &[prometheus::COMPONENT];

@@ -1,4 +1,10 @@
 //! Sources: where data comes from. Each is built (validating config, opening handles, failing
-//! loudly) and then run (a loop that never dies on one bad read).
+//! loudly) and then run (a loop that never dies on one bad read). Each has a folder and one
+//! line in [`ALL`].
 
 pub mod nvml;
+
+use crate::agent::Component;
+
+/// Every source, in start order.
+pub const ALL: &[Component] = &[nvml::COMPONENT];

@@ -124,10 +124,26 @@ impl Agent {
     /// Starts `junction run` on a scenario, with `extra` lines in `[sources.nvml]`, without
     /// waiting for anything.
     pub fn spawn(scenario_name: &str, variant: &str, extra: &str) -> Agent {
-        let dir = temp_dir();
         let port = free_port();
+        Agent::spawn_with(scenario_name, &sim_config(variant, port, extra), port)
+    }
+
+    /// Starts `junction run` on a scenario with a config of its own (made with
+    /// [`sim_config`], whose port it reads back), without waiting.
+    pub fn spawn_config(scenario_name: &str, config: &str) -> Agent {
+        let port = config
+            .split("listen = \"127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .and_then(|p| p.parse().ok())
+            .expect("a sim_config with a listen port");
+        Agent::spawn_with(scenario_name, config, port)
+    }
+
+    fn spawn_with(scenario_name: &str, config_text: &str, port: u16) -> Agent {
+        let dir = temp_dir();
         let config = dir.join("junction.toml");
-        std::fs::write(&config, sim_config(variant, port, extra)).expect("write config");
+        std::fs::write(&config, config_text).expect("write config");
         let stderr = dir.join("stderr.log");
         let child = junction()
             .env("JUNCTION_NVML_SIM_SCENARIO", scenario(scenario_name))

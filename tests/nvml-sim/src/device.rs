@@ -4,8 +4,7 @@
 use std::os::raw::{c_int, c_uint, c_ulonglong};
 
 use nvml_wrapper_sys::bindings::{
-    nvmlBAR1Memory_t, nvmlDevice_t, nvmlFieldValue_t, nvmlMemory_t, nvmlReturn_t,
-    nvmlUtilization_t,
+    nvmlBAR1Memory_t, nvmlDevice_t, nvmlFieldValue_t, nvmlMemory_t, nvmlReturn_t, nvmlUtilization_t,
 };
 
 use crate::state::*;
@@ -627,6 +626,13 @@ export!(
         let (sim, g) = gpu(device, "nvmlDeviceGetNvLinkErrorCounter")?;
         if link >= g.nvlink_count {
             return Err(ERROR_INVALID_ARGUMENT);
+        }
+        // Links from `nvlink_errors_unsupported_from` on have no error counters (one link's
+        // answer must not decide its siblings').
+        if g.value("nvlink_errors_unsupported_from", sim.now())
+            .is_some_and(|n| f64::from(link) >= n)
+        {
+            return Err(ERROR_NOT_SUPPORTED);
         }
         let key = match counter {
             0 => "nvlink_replay",

@@ -212,11 +212,7 @@ pub fn value(sim: &Sim, gpu: &Gpu, key: &str) -> Result<f64, nvmlReturn_t> {
 ///
 /// # Safety
 /// `buf` must be valid for `len` bytes.
-pub unsafe fn write_str_cropped(
-    s: &str,
-    buf: *mut std::os::raw::c_char,
-    len: u32,
-) -> nvmlReturn_t {
+pub unsafe fn write_str_cropped(s: &str, buf: *mut std::os::raw::c_char, len: u32) -> nvmlReturn_t {
     if buf.is_null() || len == 0 {
         return ERROR_INVALID_ARGUMENT;
     }

@@ -16,7 +16,31 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
+use crate::agent::Component;
 use crate::model::Model;
+
+/// The Prometheus sink: binds at start (a bad or busy address fails `junction run` at once,
+/// naming it), then serves until its shutdown signal.
+pub const COMPONENT: Component = Component {
+    name: "prometheus",
+    enabled: |c| c.sinks.prometheus.enabled,
+    start: |c, ctx| {
+        Box::pin(async move {
+            let listen = &c.sinks.prometheus.listen;
+            let listener = bind(listen).await.map_err(|e| {
+                anyhow::anyhow!("cannot listen on {listen} (sinks.prometheus.listen): {e}")
+            })?;
+            tracing::info!(listen = %listen, "serving /metrics and /healthz");
+            let stop = ctx.shutdown.clone();
+            Ok(tokio::spawn(async move {
+                if let Err(e) = serve(listener, ctx.model, async move { stop.wait().await }).await {
+                    tracing::warn!(error = %e, "HTTP server ended with an error");
+                }
+            }))
+        })
+    },
+    once: None,
+};
 
 /// Renders the whole model as Prometheus text.
 pub fn render(model: &Model) -> String {

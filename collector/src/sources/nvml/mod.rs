@@ -24,7 +24,8 @@ use std::time::Duration;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
-use crate::config::{Invalid, config_section};
+use crate::agent::{Component, Ctx, SHUTDOWN_DEADLINE};
+use crate::config::{Config, Invalid, config_section};
 use crate::model::{DriverInfo, GpuInfo, Group, Model};
 use collect::V3Layout;
 pub use worker::{Shutdown, Workers};
@@ -198,20 +199,65 @@ impl NvmlConfig {
     }
 }
 
+/// The NVML source.
+pub const COMPONENT: Component = Component {
+    name: "nvml",
+    enabled: |c| c.sources.nvml.enabled,
+    start: |c, ctx| Box::pin(async move { Ok(tokio::spawn(run(c, ctx))) }),
+    once: Some(|c, model| {
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                NvmlSource::build(&c.sources.nvml, &c.proc_root, model).map(|s| s.collect_once())
+            })
+            .await??;
+            Ok(())
+        })
+    }),
+};
+
+/// Builds the source off the async workers (a hung `nvmlInit` must neither hide `/metrics`
+/// nor delay SIGTERM), runs its threads, and stops them under the deadline.
+async fn run(config: Arc<Config>, ctx: Ctx) {
+    // Down until it has started: /healthz answers 503 meanwhile.
+    ctx.model.set_source_up("nvml", false);
+    let (model, shutdown) = (ctx.model.clone(), ctx.shutdown.clone());
+    let build = tokio::task::spawn_blocking(move || {
+        NvmlSource::build(&config.sources.nvml, &config.proc_root, model).map(|s| s.start(shutdown))
+    });
+    let workers = tokio::select! {
+        built = build => match built {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => {
+                // One failing source never stops the others: report it and go on.
+                tracing::error!(error = %e, "NVML source failed to start; serving without it");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "NVML start-up task failed; serving without it");
+                return;
+            }
+        },
+        // A source still starting (a hung nvmlInit) is not waited for.
+        () = ctx.shutdown.wait() => return,
+    };
+    ctx.shutdown.wait().await;
+    let _ = tokio::task::spawn_blocking(move || workers.stop(SHUTDOWN_DEADLINE)).await;
+}
+
 /// Why the NVML source could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// Loading or initialising the library failed.
     #[error(
-        "cannot initialise NVML from {library:?}: {source}. Install the NVIDIA driver (it ships \
-         libnvidia-ml.so.1), run the container with the NVIDIA container runtime, or set \
-         sources.nvml.library to the library's path"
+        "cannot initialise NVML from {library:?} ({detail}). Install the NVIDIA driver (it \
+         ships libnvidia-ml.so.1), run the container with the NVIDIA container runtime, or \
+         set sources.nvml.library to the library's path"
     )]
     Init {
         /// The library asked for.
         library: String,
-        /// The cause (in the message, not chained: it is said once).
-        source: NvmlError,
+        /// The innermost cause, said once (not chained).
+        detail: String,
     },
     /// Counting GPUs failed.
     #[error("cannot count GPUs through NVML")]
@@ -237,7 +283,6 @@ pub struct NvmlSource {
     config: NvmlConfig,
     layout: V3Layout,
     proc_root: std::path::PathBuf,
-    model: Arc<Model>,
     gpus: Vec<Arc<std::sync::Mutex<crate::model::GpuSlot>>>,
 }
 
@@ -278,7 +323,6 @@ impl NvmlSource {
             config: config.clone(),
             layout,
             proc_root: proc_root.to_path_buf(),
-            model,
             gpus,
         })
     }
@@ -298,7 +342,7 @@ impl NvmlSource {
 
     /// Collects every enabled group once on every GPU and waits for the results (bounded by
     /// `call_timeout_ms` per GPU).
-    pub fn collect_once(self) -> Arc<Model> {
+    pub fn collect_once(self) {
         let shutdown = Shutdown::default();
         let workers = worker::start(
             self.nvml,
@@ -313,7 +357,6 @@ impl NvmlSource {
             Duration::from_millis(self.config.call_timeout_ms) * 4 + Duration::from_secs(1),
         );
         shutdown.trigger();
-        self.model
     }
 }
 
@@ -322,9 +365,9 @@ fn open(library: &str) -> Result<(Nvml, DriverInfo, Vec<GpuInfo>), BuildError> {
     let nvml = Nvml::builder()
         .lib_path(OsStr::new(library))
         .init()
-        .map_err(|source| BuildError::Init {
+        .map_err(|e| BuildError::Init {
             library: library.to_string(),
-            source,
+            detail: innermost(&e),
         })?;
     let driver = DriverInfo {
         driver_version: nvml.sys_driver_version().unwrap_or_default(),
@@ -339,6 +382,16 @@ fn open(library: &str) -> Result<(Nvml, DriverInfo, Vec<GpuInfo>), BuildError> {
         .map(|index| read_identity(&nvml, index))
         .collect();
     Ok((nvml, driver, infos))
+}
+
+/// The innermost message of an error chain ("libnvidia-ml.so.1: cannot open shared object
+/// file: No such file or directory"), without the wrappers that repeat it.
+fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
 }
 
 /// Reads a GPU's identity; what cannot be read is left empty.

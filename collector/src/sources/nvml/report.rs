@@ -18,9 +18,7 @@ fn expected(feature: &str) -> Option<&'static str> {
         "fan_speed" => "expected on passively cooled boards",
         "temperature_memory" => "expected on GPUs without an HBM temperature sensor",
         "nvlink" | "nvlink_state" | "nvlink_throughput" => "expected on GPUs without NVLink",
-        "encoder_utilization" | "decoder_utilization" => {
-            "expected on GPUs without video engines"
-        }
+        "encoder_utilization" | "decoder_utilization" => "expected on GPUs without video engines",
         "utilization" | "process_utilization" => "expected while MIG mode is on",
         _ => return None,
     })
@@ -45,8 +43,12 @@ pub fn startup(slots: &[Arc<Mutex<GpuSlot>>]) {
             .collect::<Vec<_>>()
             .join(",");
         match expected(feature) {
-            Some(note) => tracing::info!(feature, gpus = %list, reason = %why, note, "NVML feature unavailable; disabled on these GPUs"),
-            None => tracing::info!(feature, gpus = %list, reason = %why, "NVML feature unavailable; disabled on these GPUs"),
+            Some(note) => {
+                tracing::info!(feature, gpus = %list, reason = %why, note, "NVML feature unavailable; disabled on these GPUs")
+            }
+            None => {
+                tracing::info!(feature, gpus = %list, reason = %why, "NVML feature unavailable; disabled on these GPUs")
+            }
         }
     }
 }

@@ -401,7 +401,10 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
     let dev = match dev {
         Ok(d) => d,
         Err(e) => {
-            mark_failed(&slot, ("gpu_unreachable", format!("cannot open the GPU: {e}")));
+            mark_failed(
+                &slot,
+                ("gpu_unreachable", format!("cannot open the GPU: {e}")),
+            );
             finish();
             return;
         }
@@ -492,7 +495,10 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
             .copied()
             .unwrap_or(now + Duration::from_secs(1))
             .min(next_reprobe);
-        if sh.shutdown.sleep(next.saturating_duration_since(Instant::now())) {
+        if sh
+            .shutdown
+            .sleep(next.saturating_duration_since(Instant::now()))
+        {
             break;
         }
     }
@@ -525,12 +531,13 @@ fn wait_for_recovery(ctx: &mut Ctx<'_>, retry_max: Duration, shutdown: &Shutdown
             return false;
         }
         lock(&ctx.busy).call = Some(("nvmlDeviceGetUUID", Instant::now()));
-        let probe = ctx.dev.uuid().and_then(|_| {
-            match collect::raw::memory_v1(ctx.nvml, &ctx.dev) {
-                Err(e @ (NvmlError::GpuLost | NvmlError::ResetRequired)) => Err(e),
-                _ => Ok(()),
-            }
-        });
+        let probe =
+            ctx.dev
+                .uuid()
+                .and_then(|_| match collect::raw::memory_v1(ctx.nvml, &ctx.dev) {
+                    Err(e @ (NvmlError::GpuLost | NvmlError::ResetRequired)) => Err(e),
+                    _ => Ok(()),
+                });
         lock(&ctx.busy).call = None;
         match probe {
             Ok(()) => {

@@ -76,7 +76,9 @@ pub(super) fn clocks(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
     // `nvmlDeviceGetCurrentClocksEventReasons` first; the deprecated `…ThrottleReasons`
     // (same bits) on drivers that predate the rename.
     let nvml = ctx.nvml;
-    let bits = match ctx.call("clock_event_reasons", |d| raw::clocks_event_reasons(nvml, d))? {
+    let bits = match ctx.call("clock_event_reasons", |d| {
+        raw::clocks_event_reasons(nvml, d)
+    })? {
         Some(b) => Some(b),
         None if ctx.is_disabled("clock_event_reasons") => ctx
             .call("clock_throttle_reasons", |d| d.current_throttle_reasons())?
@@ -106,7 +108,7 @@ pub(super) fn clocks(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
                     || ctx.is_disabled(Feature::at("violation_time", *id)) =>
             {
                 ctx.call(Feature::at("violation_status", *id), |d| {
-                    d.violation_status(policy.clone())
+                    d.violation_status(*policy)
                 })?
                 .map(|v| v.violation_time as f64)
             }

@@ -51,8 +51,8 @@ pub(super) const MAX_NVLINKS: u32 = 36;
 /// Index values as attribute values, so that no sample allocates its link or fan name.
 pub(super) const INDEX_NAMES: [&str; MAX_NVLINKS as usize] = [
     "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
-    "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31",
-    "32", "33", "34", "35",
+    "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32",
+    "33", "34", "35",
 ];
 /// Readings outside this range are not temperatures: 0 is what a sensor that is not ready
 /// returns, and HBM readings far above any limit are a known NVML defect (dcgm-exporter drops
@@ -127,7 +127,9 @@ pub(super) fn fields(
         return Ok(out);
     };
     for (r, v) in wanted.iter().zip(values) {
-        let slot = requests.iter().position(|q| q.id == r.id && q.scope == r.scope);
+        let slot = requests
+            .iter()
+            .position(|q| q.id == r.id && q.scope == r.scope);
         match (v, slot) {
             (Ok(v), Some(i)) => out[i] = Some(v),
             (Err(e), _) => ctx.failed(key(r), e)?,

@@ -102,7 +102,11 @@ pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
                 }
             }
             // Pre-Blackwell parts answer NOT_SUPPORTED per field: disable the link's group.
-            if let Some(e) = unsupported.filter(|_| !out.iter().any(|s| s.metric == Metric::NvlinkRecovery && s.attr("gpu.nvlink.link") == Some(name))) {
+            if let Some(e) = unsupported.filter(|_| {
+                !out.iter().any(|s| {
+                    s.metric == Metric::NvlinkRecovery && s.attr("gpu.nvlink.link") == Some(name)
+                })
+            }) {
                 ctx.failed(feature, e)?;
             }
         }

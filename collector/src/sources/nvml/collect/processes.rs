@@ -259,7 +259,13 @@ mod tests {
     #[test]
     fn newest_sample_per_pid_newer_than_the_last_read() {
         let got = newest_per_pid(
-            vec![s(1, 100, 50), s(1, 300, 90), s(1, 200, 40), s(2, 100, 7), s(3, 400, 1)],
+            vec![
+                s(1, 100, 50),
+                s(1, 300, 90),
+                s(1, 200, 40),
+                s(2, 100, 7),
+                s(3, 400, 1),
+            ],
             100,
             &[1, 2],
         );

@@ -81,7 +81,12 @@ pub fn clocks_event_reasons(nvml: &Nvml, d: &Device<'_>) -> Result<u64, NvmlErro
 
 /// `nvmlDeviceGetNvLinkErrorCounter` by raw counter id (`nvml-wrapper` lacks
 /// `NVML_NVLINK_ERROR_DL_ECC_DATA` = 4).
-pub fn nvlink_error(nvml: &Nvml, d: &Device<'_>, link: u32, counter: u32) -> Result<u64, NvmlError> {
+pub fn nvlink_error(
+    nvml: &Nvml,
+    d: &Device<'_>,
+    link: u32,
+    counter: u32,
+) -> Result<u64, NvmlError> {
     let f = sym(&nvml.lib().nvmlDeviceGetNvLinkErrorCounter)?;
     let mut v: c_ulonglong = 0;
     // SAFETY: a live handle and a valid out-pointer.
@@ -244,7 +249,8 @@ const WIDE: usize = 32;
 /// [`SENTINEL`]: 24 if nothing past `24 n` was touched, 32 if something was but nothing past
 /// `32 n`; `None` when the bytes do not say (nvitop PR #226 probes the same way).
 fn written_stride(buf: &[u8], n: usize) -> Option<usize> {
-    let untouched = |r: std::ops::Range<usize>| buf.get(r).is_some_and(|b| b.iter().all(|&x| x == SENTINEL));
+    let untouched =
+        |r: std::ops::Range<usize>| buf.get(r).is_some_and(|b| b.iter().all(|&x| x == SENTINEL));
     if n == 0 {
         return None;
     }
@@ -305,8 +311,7 @@ pub fn processes(
     nvml_try(unsafe { f(d.handle(), &mut n, words.as_mut_ptr().cast()) })?;
     let n = (n as usize).min(room);
     // SAFETY: a u64 buffer viewed as bytes (alignment 1, same length in bytes).
-    let bytes =
-        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 8) };
+    let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 8) };
     let stride = if v2_only {
         STANDARD
     } else {
@@ -365,7 +370,9 @@ mod tests {
         assert_eq!(written_stride(&buffer(&list, 24, 11), 3), Some(24));
         assert_eq!(written_stride(&buffer(&list, 32, 11), 3), Some(32));
         let b = buffer(&list, 32, 11);
-        let procs: Vec<_> = (0..3).map(|i| decode_entry(&b[i * 32..i * 32 + 24])).collect();
+        let procs: Vec<_> = (0..3)
+            .map(|i| decode_entry(&b[i * 32..i * 32 + 24]))
+            .collect();
         assert_eq!(procs[1].pid, 200);
         assert_eq!(procs[1].used, Some(6 << 20));
         assert_eq!(procs[2].used, None, "NOT_AVAILABLE is no reading");

@@ -1,0 +1,48 @@
+//! The one shape every source and sink has, so that adding one adds a folder and a line in
+//! `sources/mod.rs` or `sinks/mod.rs`, never a branch in the commands.
+//!
+//! A component is started with the whole configuration and a [`Ctx`]; `start` does what must
+//! fail loudly at once (a sink's bind) and returns the task that runs it until its shutdown
+//! signal. A source that cannot be built (no driver, no privileges) logs why, reports itself
+//! down and ends its task: the others go on.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::model::Model;
+use crate::shutdown::Shutdown;
+
+/// How long shutdown waits for each stage (sources, then sinks) to stop.
+pub const SHUTDOWN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A boxed future, for the tables of components.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What a running component gets.
+#[derive(Clone)]
+pub struct Ctx {
+    /// The node model it writes (a source) or reads (a sink).
+    pub model: Arc<Model>,
+    /// Its stop signal: sources are stopped first, then sinks (for their final export).
+    pub shutdown: Shutdown,
+}
+
+/// Starts a component: returns its running task, or why it could not start.
+pub type Start = fn(Arc<Config>, Ctx) -> BoxFuture<anyhow::Result<tokio::task::JoinHandle<()>>>;
+
+/// Collects once into the model, for `junction once` and `junction inventory`.
+pub type Once = fn(Arc<Config>, Arc<Model>) -> BoxFuture<anyhow::Result<()>>;
+
+/// A source or a sink.
+pub struct Component {
+    /// Its name (`junction.source`, the config table's name).
+    pub name: &'static str,
+    /// Whether the configuration turns it on.
+    pub enabled: fn(&Config) -> bool,
+    /// Starts it.
+    pub start: Start,
+    /// One collection (sources that have one).
+    pub once: Option<Once>,
+}

@@ -1,0 +1,377 @@
+//! `cargo xtask gpu-check`: on a host with an NVIDIA GPU, compares what Junction reads through
+//! the real driver with what `nvidia-smi` and (where installed) `pynvml` read on the same host,
+//! field by field, with stated tolerances; exits non-zero on a mismatch. On a host without a
+//! GPU it says so and exits 0 (CI runs it that way, as a dry run).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cargo, root, run};
+
+/// One compared field: nvidia-smi's query name, Junction's metric and attribute, the factor
+/// from Junction's unit to nvidia-smi's, and the tolerance (absolute, in nvidia-smi's unit).
+struct Field {
+    smi: &'static str,
+    metric: &'static str,
+    attr: Option<(&'static str, &'static str)>,
+    to_smi: f64,
+    tolerance: f64,
+    why: &'static str,
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+const FIELDS: &[Field] = &[
+    Field {
+        smi: "utilization.gpu",
+        metric: "hw.gpu.utilization",
+        attr: Some(("hw.gpu.task", "general")),
+        to_smi: 100.0,
+        tolerance: 15.0,
+        why: "%, sampled at different moments",
+    },
+    Field {
+        smi: "utilization.memory",
+        metric: "hw.gpu.memory.utilization",
+        attr: None,
+        to_smi: 100.0,
+        tolerance: 15.0,
+        why: "%, sampled at different moments",
+    },
+    Field {
+        smi: "memory.total",
+        metric: "hw.gpu.memory.limit",
+        attr: None,
+        to_smi: 1.0 / MIB,
+        tolerance: 1.0,
+        why: "MiB, rounding",
+    },
+    Field {
+        smi: "memory.used",
+        metric: "hw.gpu.memory.usage",
+        attr: None,
+        to_smi: 1.0 / MIB,
+        tolerance: 256.0,
+        why: "MiB, allocations between reads",
+    },
+    Field {
+        smi: "power.draw",
+        metric: "hw.power",
+        attr: None,
+        to_smi: 1.0,
+        tolerance: 60.0,
+        why: "W, power moves between reads",
+    },
+    Field {
+        smi: "power.limit",
+        metric: "gpu.power.limit",
+        attr: Some(("gpu.power.limit_type", "enforced")),
+        to_smi: 1.0,
+        tolerance: 1.0,
+        why: "W",
+    },
+    Field {
+        smi: "temperature.gpu",
+        metric: "hw.temperature",
+        attr: Some(("hw.sensor_location", "gpu_die")),
+        to_smi: 1.0,
+        tolerance: 3.0,
+        why: "°C",
+    },
+    Field {
+        smi: "temperature.memory",
+        metric: "hw.temperature",
+        attr: Some(("hw.sensor_location", "memory_junction")),
+        to_smi: 1.0,
+        tolerance: 3.0,
+        why: "°C",
+    },
+    Field {
+        smi: "clocks.sm",
+        metric: "gpu.clock.frequency",
+        attr: Some(("gpu.clock.domain", "sm")),
+        to_smi: 1e-6,
+        tolerance: 200.0,
+        why: "MHz, boost moves",
+    },
+    Field {
+        smi: "clocks.mem",
+        metric: "gpu.clock.frequency",
+        attr: Some(("gpu.clock.domain", "memory")),
+        to_smi: 1e-6,
+        tolerance: 50.0,
+        why: "MHz",
+    },
+    Field {
+        smi: "clocks.max.sm",
+        metric: "gpu.clock.max_frequency",
+        attr: Some(("gpu.clock.domain", "sm")),
+        to_smi: 1e-6,
+        tolerance: 0.5,
+        why: "MHz",
+    },
+    Field {
+        smi: "ecc.errors.corrected.aggregate.total",
+        metric: "hw.errors",
+        attr: Some(("gpu.ecc.counter", "aggregate")),
+        to_smi: 1.0,
+        tolerance: 0.0,
+        why: "count (corrected)",
+    },
+    Field {
+        smi: "pcie.link.width.max",
+        metric: "gpu.pcie.link.width",
+        attr: Some(("gpu.pcie.link.state", "max")),
+        to_smi: 1.0,
+        tolerance: 0.0,
+        why: "lanes",
+    },
+    Field {
+        smi: "pcie.link.gen.max",
+        metric: "gpu.pcie.link.generation",
+        attr: Some(("gpu.pcie.link.state", "max")),
+        to_smi: 1.0,
+        tolerance: 0.0,
+        why: "generation",
+    },
+];
+
+/// Runs the check; `Ok` on a host without a GPU (dry run).
+pub fn run_check() -> Result<()> {
+    let smi = Command::new("nvidia-smi").arg("-L").output();
+    let gpus = match smi {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with("GPU "))
+            .count(),
+        Ok(_) | Err(_) => 0,
+    };
+    if gpus == 0 {
+        println!(
+            "gpu-check: no NVIDIA GPU on this host (nvidia-smi is missing or lists no GPU): \
+             dry run, nothing compared"
+        );
+        return Ok(());
+    }
+    println!("gpu-check: {gpus} GPU(s); building junction");
+    run(cargo().args(["build", "--release", "--quiet", "-p", "junction"]))?;
+    let junction = root().join("target/release/junction");
+    let j = junction_once(&junction)?;
+    let query: Vec<&str> = std::iter::once("uuid")
+        .chain(FIELDS.iter().map(|f| f.smi))
+        .collect();
+    let out = Command::new("nvidia-smi")
+        .arg(format!("--query-gpu={}", query.join(",")))
+        .arg("--format=csv,noheader,nounits")
+        .output()
+        .context("running nvidia-smi --query-gpu")?;
+    if !out.status.success() {
+        bail!(
+            "nvidia-smi --query-gpu failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let smi_rows = parse_csv(&String::from_utf8_lossy(&out.stdout), &query);
+    let procs = Command::new("nvidia-smi")
+        .args([
+            "--query-compute-apps=gpu_uuid,pid,used_memory",
+            "--format=csv,noheader,nounits",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    let mut failures = 0;
+    println!(
+        "\n{:<40} {:<38} {:>14} {:>14} {:>9}  tolerance",
+        "GPU", "field", "junction", "nvidia-smi", "result"
+    );
+    for row in &smi_rows {
+        let uuid = row.get("uuid").cloned().unwrap_or_default();
+        let Some(gpu) = j.get(&uuid) else {
+            println!(
+                "{uuid:<40} {:<38} {:>14} {:>14} {:>9}",
+                "gpu", "absent", "present", "MISMATCH"
+            );
+            failures += 1;
+            continue;
+        };
+        for f in FIELDS {
+            let smi_v = row.get(f.smi).and_then(|v| v.trim().parse::<f64>().ok());
+            let j_v = metric(gpu, f.metric, f.attr).map(|v| v * f.to_smi);
+            let (result, bad) = match (j_v, smi_v) {
+                (Some(a), Some(b)) if (a - b).abs() <= f.tolerance => ("ok", false),
+                (Some(_), Some(_)) => ("MISMATCH", true),
+                (None, None) => ("n/a", false),
+                (Some(_), None) => ("smi n/a", false),
+                (None, Some(_)) => ("MISSING", true),
+            };
+            failures += usize::from(bad);
+            println!(
+                "{uuid:<40} {:<38} {:>14} {:>14} {result:>9}  ±{} {}",
+                f.smi,
+                j_v.map_or("-".into(), |v| format!("{v:.1}")),
+                smi_v.map_or("-".into(), |v| format!("{v:.1}")),
+                f.tolerance,
+                f.why
+            );
+        }
+    }
+    for line in procs.lines() {
+        let cols: Vec<&str> = line.split(',').map(str::trim).collect();
+        let [uuid, pid, used] = cols[..] else {
+            continue;
+        };
+        let j_used = j
+            .get(uuid)
+            .and_then(|g| metric(g, "gpu.process.memory.usage", Some(("process.pid", pid))))
+            .map(|v| v / MIB);
+        let smi_used = used.parse::<f64>().ok();
+        let (result, bad) = match (j_used, smi_used) {
+            (Some(a), Some(b)) if (a - b).abs() <= 64.0 => ("ok", false),
+            (None, _) => ("MISSING", true),
+            _ => ("MISMATCH", true),
+        };
+        failures += usize::from(bad);
+        println!(
+            "{uuid:<40} {:<38} {:>14} {:>14} {result:>9}  ±64 MiB",
+            format!("process {pid} memory"),
+            j_used.map_or("-".into(), |v| format!("{v:.0}")),
+            used
+        );
+    }
+    pynvml_cross_check(&junction)?;
+    if failures > 0 {
+        bail!("gpu-check: {failures} field(s) disagree");
+    }
+    println!("\ngpu-check: every field agrees within its tolerance");
+    Ok(())
+}
+
+/// `junction once --format json`, as GPU UUID → metrics.
+fn junction_once(junction: &Path) -> Result<BTreeMap<String, serde_json::Value>> {
+    let out = Command::new(junction)
+        .args(["once", "--format", "json"])
+        .output()
+        .context("running junction once")?;
+    if !out.status.success() {
+        bail!(
+            "junction once failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    Ok(doc["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| {
+            (
+                g["gpu"]["uuid"].as_str().unwrap_or_default().to_string(),
+                g.clone(),
+            )
+        })
+        .collect())
+}
+
+/// The value of a metric in `junction once` JSON for one GPU.
+fn metric(gpu: &serde_json::Value, name: &str, attr: Option<(&str, &str)>) -> Option<f64> {
+    gpu["metrics"]
+        .as_array()?
+        .iter()
+        .find(|m| m["name"] == name && attr.is_none_or(|(k, v)| m["attributes"][k] == v))
+        .and_then(|m| m["value"].as_f64())
+}
+
+/// `nvidia-smi --format=csv,noheader,nounits` rows as maps from the query names.
+fn parse_csv(text: &str, query: &[&str]) -> Vec<BTreeMap<String, String>> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            query
+                .iter()
+                .zip(l.split(','))
+                .filter(|(_, v)| !matches!(v.trim(), "[N/A]" | "N/A" | "[Not Supported]"))
+                .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The same through pynvml, when a Python with it is on this host (the test venv or the
+/// system's); skipped with a note otherwise.
+fn pynvml_cross_check(junction: &Path) -> Result<()> {
+    let venv = root().join("target/venv/bin/python");
+    let python = if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    };
+    let ok = Command::new(&python)
+        .args(["-c", "import pynvml"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("\npynvml: not installed here; its cross-check is skipped");
+        return Ok(());
+    }
+    let out = Command::new(&python)
+        .arg(root().join("tests/pynvml/read.py"))
+        .output()
+        .context("running tests/pynvml/read.py")?;
+    if !out.status.success() {
+        println!(
+            "\npynvml: read.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return Ok(());
+    }
+    let py: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let j = junction_once(junction)?;
+    println!("\npynvml cross-check (die temperature ±3 °C, memory total exact):");
+    for p in py["gpus"].as_array().into_iter().flatten() {
+        let uuid = p["uuid"].as_str().unwrap_or_default();
+        let g = j.get(uuid);
+        let t =
+            g.and_then(|g| metric(g, "hw.temperature", Some(("hw.sensor_location", "gpu_die"))));
+        let total = g.and_then(|g| metric(g, "hw.gpu.memory.limit", None));
+        println!(
+            "  {uuid}: die {:?} vs {}, memory total {:?} vs {}",
+            t, p["temp_gpu"], total, p["memory_total"]
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvidia_smi_csv_rows_map_to_the_query() {
+        let q = ["uuid", "utilization.gpu", "temperature.memory"];
+        let rows = parse_csv("GPU-1, 97, [N/A]\nGPU-2, 3, 71\n", &q);
+        assert_eq!(rows[0]["utilization.gpu"], "97");
+        assert!(!rows[0].contains_key("temperature.memory"));
+        assert_eq!(rows[1]["temperature.memory"], "71");
+    }
+
+    #[test]
+    fn metrics_are_found_by_name_and_attribute() {
+        let g = serde_json::json!({"metrics": [
+            {"name": "hw.temperature", "attributes": {"hw.sensor_location": "gpu_die"}, "value": 64.0},
+            {"name": "hw.temperature", "attributes": {"hw.sensor_location": "memory_junction"}, "value": 71.0},
+        ]});
+        assert_eq!(
+            metric(
+                &g,
+                "hw.temperature",
+                Some(("hw.sensor_location", "memory_junction"))
+            ),
+            Some(71.0)
+        );
+        assert_eq!(metric(&g, "hw.power", None), None);
+    }
+}
