@@ -81,6 +81,30 @@ enum Doc {
     Example,
 }
 
+/// Logs go to stderr. The OpenTelemetry crates' own diagnostics are left out unless the
+/// filter names them (they would repeat every failed export, and at debug level describe
+/// exporter settings); the OTLP sink logs its failures itself, rate-limited, and reads the
+/// receiver's gRPC message from those diagnostics through its own layer.
+fn init_logging(filter: &str) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let mut directives = filter.to_string();
+    if !filter.contains("opentelemetry") {
+        directives.push_str(",opentelemetry=off,opentelemetry_sdk=off,opentelemetry-otlp=off,opentelemetry-http=off");
+    }
+    let env_filter = tracing_subscriber::EnvFilter::try_new(&directives)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .with_filter(env_filter);
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(sinks::otlp::diagnostics_layer())
+        .init();
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     // One-shot commands print their result on stdout; keep stderr to warnings by default.
@@ -93,13 +117,9 @@ fn main() -> ExitCode {
         .clone()
         .or_else(|| std::env::var("RUST_LOG").ok())
         .unwrap_or_else(|| if quiet { "warn" } else { "info" }.into());
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| "info".into()),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(&filter);
+    // One TLS provider for every rustls user (the OTLP and BMC clients).
+    let _ = rustls::crypto::ring::default_provider().install_default();
 
     if let Some(Command::Docs { which }) = &args.command {
         print!(

@@ -5,5 +5,6 @@ mod support;
 
 mod config_errors;
 mod faults;
+mod otlp;
 mod quirks;
 mod values;

@@ -103,10 +103,12 @@ pub fn reference() -> String {
         } else {
             format!("`[{}]`", s.path)
         };
-        let _ = writeln!(
-            out,
-            "\n## {title}\n\n| key | type | default | meaning |\n|---|---|---|---|"
-        );
+        let _ = writeln!(out, "\n## {title}\n");
+        let doc = s.doc.lines().map(str::trim).collect::<Vec<_>>().join(" ");
+        if !doc.trim().is_empty() {
+            let _ = writeln!(out, "{}\n", doc.trim());
+        }
+        let _ = writeln!(out, "| key | type | default | meaning |\n|---|---|---|---|");
         for f in s.scalars {
             let default = s
                 .defaults

@@ -32,6 +32,29 @@ pub trait Describe {
     }
 }
 
+/// A table of strings (`{ cluster = "a", region = "eu" }`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(transparent)]
+pub struct StringMap(pub std::collections::BTreeMap<String, String>);
+
+impl Describe for StringMap {}
+
+/// A table of secrets (auth headers): deserialized like [`StringMap`], but its `Debug` shows
+/// the keys only, so that a secret never reaches a log through a debug print.
+#[derive(Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(transparent)]
+pub struct SecretMap(pub std::collections::BTreeMap<String, String>);
+
+impl std::fmt::Debug for SecretMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.keys().map(|k| (k, "<redacted>")))
+            .finish()
+    }
+}
+
+impl Describe for SecretMap {}
+
 impl Describe for bool {}
 impl Describe for u32 {}
 impl Describe for u64 {}
@@ -105,6 +128,12 @@ config_section! {
     pub struct Sinks {
         /// The Prometheus scrape endpoint (`/metrics`, `/healthz`).
         pub prometheus: PrometheusConfig = PrometheusConfig::default(),
+        /// OTLP push (gRPC or HTTP/protobuf): metrics, and events as log records.
+        /// Precedence: a key set in this table wins over the standard OTEL_* environment
+        /// variables; a key left empty (or 0) is taken from them, then from its default; the
+        /// signal-specific variables (OTEL_EXPORTER_OTLP_METRICS_*, _LOGS_*) win over the
+        /// general ones. Headers and resource attributes merge key by key, the file winning.
+        pub otlp: crate::sinks::otlp::OtlpConfig = Default::default(),
     }
 }
 
@@ -143,6 +172,7 @@ impl Config {
             });
         }
         self.sources.nvml.validate("sources.nvml", &mut out);
+        self.sinks.otlp.validate("sinks.otlp", &mut out);
         out
     }
 }

@@ -1,7 +1,9 @@
 //! The node model: inventory, the latest samples per GPU and group, and per-GPU state.
 //! Sources write into it; sinks read snapshots of it. Sources never talk to sinks.
 
+pub mod events;
 pub mod registry;
+pub mod view;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -179,12 +181,19 @@ impl GpuSlot {
     }
 }
 
+/// Sample sets that are not a GPU's NVML groups, keyed by (owner, key): a sink's own
+/// telemetry, a BMC target's components. An owner replaces a whole set at once.
+type Sets = BTreeMap<(&'static str, String), Arc<Vec<Sample>>>;
+
 /// The node model shared by sources and sinks.
 #[derive(Debug, Default)]
 pub struct Model {
     gpus: Mutex<Vec<Arc<Mutex<GpuSlot>>>>,
     sources: Mutex<BTreeMap<&'static str, bool>>,
     driver: Mutex<Option<DriverInfo>>,
+    sets: Mutex<Sets>,
+    /// Events: health transitions, XIDs, …
+    pub events: events::EventLog,
 }
 
 /// Driver-level identity.
@@ -245,6 +254,65 @@ impl Model {
     /// A consistent copy of every GPU slot (cheap: samples are shared `Arc`s).
     pub fn snapshot(&self) -> Vec<GpuSlot> {
         self.gpus().iter().map(|s| lock(s).clone()).collect()
+    }
+
+    /// Replaces the sample set `key` of `owner`. Samples carry their own `hw.id` (or none,
+    /// for node-level samples).
+    pub fn publish(&self, owner: &'static str, key: impl Into<String>, samples: Vec<Sample>) {
+        lock(&self.sets).insert((owner, key.into()), Arc::new(samples));
+    }
+
+    /// Every sample set (cheap: shared `Arc`s).
+    pub fn sets(&self) -> Vec<Arc<Vec<Sample>>> {
+        lock(&self.sets).values().cloned().collect()
+    }
+
+    /// Moves a GPU to `state` for `reason`, recording the transition in the event log
+    /// (nothing happens if the state and reason are unchanged).
+    pub fn set_gpu_state(
+        &self,
+        slot: &Mutex<GpuSlot>,
+        state: HealthState,
+        reason: Option<(&'static str, String)>,
+    ) {
+        let mut s = lock(slot);
+        let code = |r: &Option<(&'static str, String)>| r.as_ref().map(|r| r.0);
+        if s.state == state && code(&s.reason) == code(&reason) {
+            return;
+        }
+        let from = s.state;
+        s.state = state;
+        s.reason = reason;
+        let severity = match state {
+            HealthState::Ok => events::Severity::Info,
+            HealthState::Degraded | HealthState::PredictedFailure => events::Severity::Warn,
+            HealthState::Failed => events::Severity::Error,
+        };
+        let body = match &s.reason {
+            Some((_, why)) => format!(
+                "GPU {} ({}) is {}: {why}",
+                s.info.index,
+                s.info.uuid,
+                state.as_str()
+            ),
+            None => format!(
+                "GPU {} ({}) is {} again (was {})",
+                s.info.index,
+                s.info.uuid,
+                state.as_str(),
+                from.as_str()
+            ),
+        };
+        let mut e = events::NewEvent::now(severity, "hw.status.change", body)
+            .about(s.info.uuid.clone())
+            .with("hw.type", "gpu")
+            .with("hw.state", state.as_str())
+            .with("hw.state.previous", from.as_str());
+        if let Some((code, _)) = &s.reason {
+            e = e.with("gpu.health.reason", *code);
+        }
+        drop(s);
+        self.events.append(e);
     }
 }
 

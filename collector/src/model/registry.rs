@@ -224,6 +224,20 @@ registry! {
         "agent", "1 while a source is running and answering.";
     SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage"], Status,
         "agent", "Failed reads per source and stage (an NVML call that returned an error).";
+    Events = "junction.events", "{event}", Counter, ["event.name"], Status,
+        "agent", "Events recorded in the event log (health transitions, XIDs, …) since the agent started.";
+    SinkExports = "junction.sink.exports", "{export}", Counter, ["junction.sink", "junction.signal"], Status,
+        "agent", "Exports attempted per sink and signal (OTLP requests; /metrics scrapes served).";
+    SinkExportFailures = "junction.sink.export.failures", "{export}", Counter, ["junction.sink", "junction.signal"], Status,
+        "agent", "Exports that failed (receiver down, timed out, rejected).";
+    SinkSentBytes = "junction.sink.sent", "By", Counter, ["junction.sink", "junction.signal"], Status,
+        "agent", "Bytes put on the wire (OTLP/HTTP request bodies as sent, compressed when gzip is on).";
+    SinkLastSuccess = "junction.sink.last_success", "s", Gauge, ["junction.sink", "junction.signal"], Status,
+        "agent", "Unix time of the last successful export.";
+    SinkQueue = "junction.sink.queue", "{event}", UpDownCounter, ["junction.sink"], Status,
+        "agent", "Events waiting for delivery.";
+    SinkEventsDropped = "junction.sink.events.dropped", "{event}", Counter, ["junction.sink"], Status,
+        "agent", "Events lost before delivery: past the queue bound, or refused by the receiver.";
     NvmlTimeouts = "junction.nvml.timeouts", "{timeout}", Counter, [], Status,
         "agent", "NVML calls on this GPU that ran past call_timeout_ms.";
     NvmlStuck = "junction.nvml.stuck", "{state}", Gauge, [], Status,

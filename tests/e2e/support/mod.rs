@@ -1,5 +1,7 @@
 //! Shared helpers: the simulator library, running the real `junction` binary, scraping and
-//! parsing `/metrics`.
+//! parsing `/metrics`, an OTLP receiver.
+
+pub mod otlp;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -125,22 +127,32 @@ impl Agent {
     /// waiting for anything.
     pub fn spawn(scenario_name: &str, variant: &str, extra: &str) -> Agent {
         let port = free_port();
-        Agent::spawn_with(scenario_name, &sim_config(variant, port, extra), port)
+        Agent::spawn_with(scenario_name, &sim_config(variant, port, extra), port, &[])
     }
 
     /// Starts `junction run` on a scenario with a config of its own (made with
     /// [`sim_config`], whose port it reads back), without waiting.
     pub fn spawn_config(scenario_name: &str, config: &str) -> Agent {
+        Agent::spawn_config_env(scenario_name, config, &[])
+    }
+
+    /// [`Agent::spawn_config`] with environment variables.
+    pub fn spawn_config_env(scenario_name: &str, config: &str, env: &[(&str, &str)]) -> Agent {
         let port = config
             .split("listen = \"127.0.0.1:")
             .nth(1)
             .and_then(|r| r.split('"').next())
             .and_then(|p| p.parse().ok())
             .expect("a sim_config with a listen port");
-        Agent::spawn_with(scenario_name, config, port)
+        Agent::spawn_with(scenario_name, config, port, env)
     }
 
-    fn spawn_with(scenario_name: &str, config_text: &str, port: u16) -> Agent {
+    fn spawn_with(
+        scenario_name: &str,
+        config_text: &str,
+        port: u16,
+        env: &[(&str, &str)],
+    ) -> Agent {
         let dir = temp_dir();
         let config = dir.join("junction.toml");
         std::fs::write(&config, config_text).expect("write config");
@@ -148,6 +160,7 @@ impl Agent {
         let child = junction()
             .env("JUNCTION_NVML_SIM_SCENARIO", scenario(scenario_name))
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .arg("--config")
             .arg(&config)
             .arg("run")

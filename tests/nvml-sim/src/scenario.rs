@@ -169,6 +169,9 @@ pub struct Fault {
     /// Active from this many seconds after init.
     #[serde(default)]
     pub from_secs: f64,
+    /// Active until this many seconds after init (for ever when absent).
+    #[serde(default)]
+    pub until_secs: Option<f64>,
     /// For "delay": how long the call takes.
     #[serde(default)]
     pub delay_ms: u64,

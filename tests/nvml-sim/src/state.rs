@@ -121,6 +121,7 @@ impl Sim {
             if (f.call != "*" && f.call != call)
                 || f.gpu.is_some_and(|g| g != gpu)
                 || t < f.from_secs
+                || f.until_secs.is_some_and(|u| t >= u)
             {
                 continue;
             }

@@ -2,76 +2,11 @@
 
 use std::fmt::Write as _;
 
-use crate::model::{DriverInfo, GpuSlot, Metric, REGISTRY, Sample, status_samples};
-
-/// Samples from one snapshot, grouped by metric, each with the `hw.id` of its GPU.
-pub struct Families<'a> {
-    by_metric: Vec<Vec<(&'a str, &'a Sample)>>,
-}
-
-/// Per-snapshot samples that are not stored in the model (status, agent health).
-pub struct Derived {
-    per_gpu: Vec<Vec<Sample>>,
-    node: Vec<Sample>,
-}
-
-impl Derived {
-    /// Computes the derived samples of a snapshot.
-    pub fn new(
-        gpus: &[GpuSlot],
-        driver: Option<&DriverInfo>,
-        sources: &[(&'static str, bool)],
-    ) -> Self {
-        let per_gpu = gpus.iter().map(|g| status_samples(g, driver)).collect();
-        let mut node = Vec::new();
-        for (source, up) in sources {
-            node.push(
-                Sample::new(Metric::SourceUp, f64::from(u8::from(*up)))
-                    .with("junction.source", *source),
-            );
-        }
-        for g in gpus {
-            for (stage, n) in &g.errors {
-                node.push(
-                    Sample::new(Metric::SourceErrors, *n as f64)
-                        .with("junction.source", "nvml")
-                        .with("junction.stage", *stage)
-                        .with("hw.id", g.info.uuid.clone()),
-                );
-            }
-        }
-        Self { per_gpu, node }
-    }
-}
-
-impl<'a> Families<'a> {
-    /// Indexes a snapshot: one pass over every sample.
-    pub fn new(gpus: &'a [GpuSlot], derived: &'a Derived) -> Self {
-        let mut by_metric: Vec<Vec<(&str, &Sample)>> = vec![Vec::new(); REGISTRY.len()];
-        for (g, extra) in gpus.iter().zip(&derived.per_gpu) {
-            let id = g.info.uuid.as_str();
-            for s in g.groups.iter().flat_map(|v| v.iter()).chain(extra) {
-                by_metric[s.metric as usize].push((id, s));
-            }
-        }
-        for s in &derived.node {
-            by_metric[s.metric as usize].push(("", s));
-        }
-        Self { by_metric }
-    }
-
-    /// Every metric with samples, in registry order.
-    pub fn iter(&self) -> impl Iterator<Item = (usize, &[(&'a str, &'a Sample)])> {
-        self.by_metric
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| !v.is_empty())
-            .map(|(i, v)| (i, v.as_slice()))
-    }
-}
+use crate::model::REGISTRY;
+use crate::model::view::View;
 
 /// Renders the exposition text.
-pub fn render(families: &Families<'_>, out: &mut String) {
+pub fn render(families: &View<'_>, out: &mut String) {
     let names = prometheus_names();
     for (i, samples) in families.iter() {
         let d = &REGISTRY[i];
@@ -151,7 +86,8 @@ fn escape_help(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{GpuInfo, Model};
+    use crate::model::view::Snapshot;
+    use crate::model::{GpuInfo, Metric, Model, Sample};
 
     #[test]
     fn values_are_written_in_their_shortest_form() {
@@ -182,11 +118,9 @@ mod tests {
             std::sync::Arc::new(vec![
                 Sample::new(Metric::Power, 612.5).with("hw.type", "gpu"),
             ]);
-        let snap = model.snapshot();
-        let derived = Derived::new(&snap, None, &[("nvml", true)]);
-        let fam = Families::new(&snap, &derived);
+        let snap = Snapshot::of(model.snapshot(), None, &[("nvml", true)], Vec::new());
         let mut out = String::new();
-        render(&fam, &mut out);
+        render(&snap.view(), &mut out);
         assert!(out.contains("# TYPE hw_power_watts gauge\nhw_power_watts{hw_id=\"GPU-1\",hw_type=\"gpu\"} 612.5\n"), "{out}");
         assert!(out.contains("hw_name=\"A \\\"quoted\\\" GPU\""), "{out}");
         assert!(

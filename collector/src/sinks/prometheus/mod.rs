@@ -17,7 +17,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::agent::Component;
-use crate::model::Model;
+use crate::model::{Metric, Model, Sample};
 
 /// The Prometheus sink: binds at start (a bad or busy address fails `junction run` at once,
 /// naming it), then serves until its shutdown signal.
@@ -44,20 +44,36 @@ pub const COMPONENT: Component = Component {
 
 /// Renders the whole model as Prometheus text.
 pub fn render(model: &Model) -> String {
-    let snap = model.snapshot();
-    let driver = model.driver();
-    let sources: Vec<(&'static str, bool)> = model.sources().into_iter().collect();
-    let derived = encode::Derived::new(&snap, driver.as_ref(), &sources);
-    let fam = encode::Families::new(&snap, &derived);
+    let snap = crate::model::view::Snapshot::take(model);
     // Start at the size of the previous scrape, so the buffer rarely grows.
     static LAST_LEN: AtomicUsize = AtomicUsize::new(64 * 1024);
     let mut out = String::with_capacity(LAST_LEN.load(Ordering::Relaxed) + 4096);
-    encode::render(&fam, &mut out);
+    encode::render(&snap.view(), &mut out);
     LAST_LEN.store(out.len(), Ordering::Relaxed);
     out
 }
 
+/// Scrapes served: the sink's own telemetry, like the OTLP sink's exports.
+static SCRAPES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 async fn metrics(State(model): State<Arc<Model>>) -> impl IntoResponse {
+    let n = SCRAPES.fetch_add(1, Ordering::Relaxed) + 1;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64().floor());
+    let tag = |s: Sample| {
+        s.with("junction.sink", "prometheus")
+            .with("junction.signal", "metrics")
+    };
+    model.publish(
+        "prometheus",
+        "stats",
+        vec![
+            tag(Sample::new(Metric::SinkExports, n as f64)),
+            tag(Sample::new(Metric::SinkExportFailures, 0.0)),
+            tag(Sample::new(Metric::SinkLastSuccess, now)),
+        ],
+    );
     (
         [(
             header::CONTENT_TYPE,

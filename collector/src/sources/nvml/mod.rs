@@ -280,6 +280,7 @@ pub enum BuildError {
 /// A built NVML source: the library is loaded and every GPU is in the model's inventory.
 pub struct NvmlSource {
     nvml: Arc<Nvml>,
+    model: Arc<Model>,
     config: NvmlConfig,
     layout: V3Layout,
     proc_root: std::path::PathBuf,
@@ -320,6 +321,7 @@ impl NvmlSource {
         model.set_source_up("nvml", true);
         Ok(Self {
             nvml: Arc::new(nvml),
+            model,
             config: config.clone(),
             layout,
             proc_root: proc_root.to_path_buf(),
@@ -331,6 +333,7 @@ impl NvmlSource {
     pub fn start(self, shutdown: Shutdown) -> Workers {
         worker::start(
             self.nvml,
+            self.model,
             &self.config,
             self.layout,
             self.proc_root,
@@ -346,6 +349,7 @@ impl NvmlSource {
         let shutdown = Shutdown::default();
         let workers = worker::start(
             self.nvml,
+            self.model,
             &self.config,
             self.layout,
             self.proc_root,

@@ -14,7 +14,7 @@ use nvml_wrapper::{Device, Nvml};
 use super::NvmlConfig;
 use super::collect::{self, GpmState, MigDevice, V3Layout};
 use super::report;
-use crate::model::{Feature, GpuSlot, Group, HealthState, Sample, lock};
+use crate::model::{Feature, GpuSlot, Group, HealthState, Model, Sample, lock};
 pub use crate::shutdown::Shutdown;
 
 /// How often a failing feature may log again; in between, failures are only counted.
@@ -66,6 +66,7 @@ enum Retry {
 /// What a worker needs while collecting.
 pub struct Ctx<'n> {
     pub nvml: &'n Nvml,
+    model: &'n Model,
     pub dev: Device<'n>,
     pub slot: Arc<Mutex<GpuSlot>>,
     busy: Arc<Mutex<Busy>>,
@@ -117,13 +118,18 @@ impl<'n> Ctx<'n> {
         };
         // Lock order: busy, then slot (as the watchdog); the slot only when it was marked.
         if was_stuck {
-            let mut slot = lock(&self.slot);
-            if let Some((call, _)) = slot.stuck.take() {
-                tracing::warn!(gpu = %self.uuid, call, "NVML call returned after its deadline; GPU collecting again");
-                if slot.state == HealthState::Degraded {
-                    slot.state = HealthState::Ok;
-                    slot.reason = None;
+            let recovered = {
+                let mut slot = lock(&self.slot);
+                match slot.stuck.take() {
+                    Some((call, _)) => {
+                        tracing::warn!(gpu = %self.uuid, call, "NVML call returned after its deadline; GPU collecting again");
+                        slot.state == HealthState::Degraded
+                    }
+                    None => false,
                 }
+            };
+            if recovered {
+                self.model.set_gpu_state(&self.slot, HealthState::Ok, None);
             }
         }
         match r {
@@ -269,6 +275,7 @@ impl Workers {
 /// What every GPU thread shares.
 struct Shared {
     nvml: Arc<Nvml>,
+    model: Arc<Model>,
     schedule: Vec<(Group, Duration)>,
     max_processes: usize,
     retry_max: Duration,
@@ -283,8 +290,13 @@ struct Shared {
 
 /// Starts the GPU threads, the watchdog and the start-up report. With `once`, each thread
 /// runs every group once.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the source's parts, handed over once at start"
+)]
 pub fn start(
     nvml: Arc<Nvml>,
+    model: Arc<Model>,
     config: &NvmlConfig,
     layout: V3Layout,
     proc_root: PathBuf,
@@ -295,6 +307,7 @@ pub fn start(
     let timeout = Duration::from_millis(config.call_timeout_ms);
     let shared = Arc::new(Shared {
         nvml,
+        model,
         schedule: config.groups.schedule(),
         max_processes: config.max_processes_per_gpu as usize,
         retry_max: Duration::from_secs(config.lost_retry_max_secs.max(1)),
@@ -324,6 +337,7 @@ pub fn start(
     }
     if !once {
         let sd = shutdown.clone();
+        let model = shared.model.clone();
         let spawned = std::thread::Builder::new()
             .name("nvml-watchdog".into())
             .spawn(move || {
@@ -332,7 +346,7 @@ pub fn start(
                 let period =
                     (timeout / 4).clamp(Duration::from_millis(50), Duration::from_millis(500));
                 while !sd.sleep(period) {
-                    watchdog(&watched, timeout);
+                    watchdog(&watched, timeout, &model);
                 }
             });
         if let Err(e) = spawned {
@@ -359,7 +373,7 @@ pub fn start(
 }
 
 /// Marks GPUs whose current call has run past `timeout` as stuck (one log line each time).
-fn watchdog(watched: &[Watched], timeout: Duration) {
+fn watchdog(watched: &[Watched], timeout: Duration, model: &Model) {
     for (slot, busy) in watched {
         let mut busy = lock(busy);
         let Some((call, since)) = busy.call else {
@@ -369,22 +383,23 @@ fn watchdog(watched: &[Watched], timeout: Duration) {
             continue;
         }
         busy.stuck = true;
-        let mut s = lock(slot);
-        if s.stuck.is_none() {
+        let degrade = {
+            let mut s = lock(slot);
+            if s.stuck.is_some() {
+                continue;
+            }
             s.stuck = Some((call, since));
             s.timeouts += 1;
-            if s.state == HealthState::Ok {
-                s.state = HealthState::Degraded;
-                s.reason = Some((
-                    "nvml_call_stuck",
-                    format!(
-                        "NVML call {call} did not return within {} ms",
-                        timeout.as_millis()
-                    ),
-                ));
-            }
             tracing::error!(gpu = %s.info.uuid, call, timeout_ms = timeout.as_millis() as u64,
                 "NVML call is stuck past its deadline; this GPU's metrics are stale");
+            s.state == HealthState::Ok
+        };
+        if degrade {
+            let why = format!(
+                "NVML call {call} did not return within {} ms",
+                timeout.as_millis()
+            );
+            model.set_gpu_state(slot, HealthState::Degraded, Some(("nvml_call_stuck", why)));
         }
     }
 }
@@ -402,6 +417,7 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
         Ok(d) => d,
         Err(e) => {
             mark_failed(
+                &sh.model,
                 &slot,
                 ("gpu_unreachable", format!("cannot open the GPU: {e}")),
             );
@@ -416,6 +432,7 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
         .map_or(Duration::from_secs(5), |(_, d)| *d);
     let mut ctx = Ctx {
         nvml: &sh.nvml,
+        model: &sh.model,
         dev,
         slot: slot.clone(),
         busy,
@@ -469,7 +486,7 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
         if let Some(halt) = halted {
             ctx.gpm = GpmState::default();
             let (code, why) = halt.reason();
-            mark_failed(&slot, (code, why.into()));
+            mark_failed(&sh.model, &slot, (code, why.into()));
             if sh.once {
                 finish();
                 return;
@@ -509,16 +526,17 @@ fn publish(slot: &Mutex<GpuSlot>, group: Group, samples: Vec<Sample>) {
     s.groups[group.index()] = Arc::new(samples);
 }
 
-fn mark_failed(slot: &Mutex<GpuSlot>, reason: (&'static str, String)) {
-    let mut s = lock(slot);
-    if s.state != HealthState::Failed {
-        tracing::error!(gpu = %s.info.uuid, reason = %reason.1, "GPU failed; its metrics are withdrawn until it answers again");
+fn mark_failed(model: &Model, slot: &Mutex<GpuSlot>, reason: (&'static str, String)) {
+    {
+        let mut s = lock(slot);
+        if s.state != HealthState::Failed {
+            tracing::error!(gpu = %s.info.uuid, reason = %reason.1, "GPU failed; its metrics are withdrawn until it answers again");
+        }
+        for g in &mut s.groups {
+            *g = Arc::new(Vec::new());
+        }
     }
-    s.state = HealthState::Failed;
-    s.reason = Some(reason);
-    for g in &mut s.groups {
-        *g = Arc::new(Vec::new());
-    }
+    model.set_gpu_state(slot, HealthState::Failed, Some(reason));
 }
 
 /// Probes a failed GPU with backoff until it answers (its UUID, and a memory read that
@@ -541,10 +559,8 @@ fn wait_for_recovery(ctx: &mut Ctx<'_>, retry_max: Duration, shutdown: &Shutdown
         lock(&ctx.busy).call = None;
         match probe {
             Ok(()) => {
-                let mut s = lock(&ctx.slot);
-                s.state = HealthState::Ok;
-                s.reason = None;
-                tracing::warn!(gpu = %s.info.uuid, "failed GPU answers again; collecting");
+                tracing::warn!(gpu = %ctx.uuid, "failed GPU answers again; collecting");
+                ctx.model.set_gpu_state(&ctx.slot, HealthState::Ok, None);
                 return true;
             }
             Err(e) => {

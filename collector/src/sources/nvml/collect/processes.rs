@@ -66,11 +66,16 @@ fn utilization(ctx: &mut Ctx<'_>, live: &[u32], out: &mut Vec<Sample>) -> Result
         }
         t => t,
     };
-    // NOT_FOUND: no samples since `since`, i.e. nothing ran.
+    // NOT_FOUND: no samples since `since`, i.e. nothing ran. INSUFFICIENT_SIZE: the driver's
+    // buffer gained samples between the size query and the read; read again.
     let samples = ctx.call("process_utilization", |d| {
-        match d.process_utilization_stats(since) {
-            Err(NvmlError::NotFound) => Ok(Vec::new()),
-            r => r,
+        let mut tries = 0;
+        loop {
+            match d.process_utilization_stats(since) {
+                Err(NvmlError::NotFound) => return Ok(Vec::new()),
+                Err(NvmlError::InsufficientSize(_)) if tries < 3 => tries += 1,
+                r => return r,
+            }
         }
     })?;
     let newest = newest_per_pid(samples.unwrap_or_default(), since, live);

@@ -1,0 +1,175 @@
+//! Events as OTLP log records, sent as they happen. The queue is the model's event log read
+//! through this sink's own cursor: the cursor moves only once the receiver has accepted a
+//! batch, so events emitted while it is down are delivered once when it is back. Past
+//! `max_queued_events` (or the log's capacity) the oldest are dropped and counted.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _};
+use opentelemetry::{InstrumentationScope, Key};
+use opentelemetry_otlp::LogExporter;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, SdkLogRecord, SdkLoggerProvider};
+
+use super::settings::Protocol;
+use super::stats::{Outcome, Stats};
+use super::transport::Classified;
+use crate::model::Model;
+use crate::model::events::{Event, Severity};
+
+/// Records per request at most.
+const BATCH: usize = 512;
+/// Retry waits: from this, doubling, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The running shipper.
+pub struct Shipper {
+    stopping: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+    model: Arc<Model>,
+}
+
+impl Shipper {
+    /// Asks for a last delivery of what is pending and waits for it at most `deadline`.
+    pub fn stop(self, deadline: Duration) {
+        self.stopping.store(true, Ordering::Relaxed);
+        self.model.events.wake();
+        let end = Instant::now() + deadline;
+        while !self.thread.is_finished() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if self.thread.is_finished() {
+            let _ = self.thread.join();
+        } else {
+            tracing::warn!("OTLP events still pending at shutdown were not delivered in time");
+        }
+    }
+}
+
+/// Starts the shipper thread.
+pub fn start(
+    mut exporter: Classified<LogExporter>,
+    resource: Resource,
+    model: Arc<Model>,
+    stats: Arc<Stats>,
+    max_queued: usize,
+    runtime: tokio::runtime::Handle,
+) -> anyhow::Result<Shipper> {
+    exporter.exporter.set_resource(&resource);
+    let stopping = Arc::new(AtomicBool::new(false));
+    let (m, s) = (model.clone(), stopping.clone());
+    let thread = std::thread::Builder::new()
+        .name("otlp-events".into())
+        .spawn(move || run(&exporter, &m, &stats, max_queued as u64, &runtime, &s))?;
+    Ok(Shipper {
+        stopping,
+        thread,
+        model,
+    })
+}
+
+fn run(
+    exporter: &Classified<LogExporter>,
+    model: &Model,
+    stats: &Stats,
+    max_queued: u64,
+    runtime: &tokio::runtime::Handle,
+    stopping: &AtomicBool,
+) {
+    let provider = SdkLoggerProvider::builder().build();
+    let logger = provider.logger("junction");
+    let scope = InstrumentationScope::builder("junction")
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build();
+    let mut cursor = 0u64;
+    let mut backoff: Option<(Instant, Duration)> = None;
+    loop {
+        let stop = stopping.load(Ordering::Relaxed);
+        let head = model.events.head();
+        // The queue bound: the oldest beyond it are dropped, and counted.
+        if head - cursor > max_queued {
+            stats.dropped(head - cursor - max_queued);
+            cursor = head - max_queued;
+        }
+        stats.queued(head - cursor);
+        if cursor == head {
+            if stop {
+                return;
+            }
+            model.events.wait(cursor, Duration::from_secs(1));
+            continue;
+        }
+        if let Some((until, _)) = backoff
+            && Instant::now() < until
+        {
+            if stop {
+                return;
+            }
+            std::thread::sleep((until - Instant::now()).min(Duration::from_millis(200)));
+            continue;
+        }
+        let batch = model.events.read(cursor, BATCH);
+        stats.dropped(batch.lost);
+        let records: Vec<SdkLogRecord> = batch.events.iter().map(|e| record(&logger, e)).collect();
+        let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> =
+            records.iter().map(|r| (r, &scope)).collect();
+        let export = exporter.exporter.export(LogBatch::new(&refs));
+        // tonic needs the runtime's context; the blocking HTTP client must not have it.
+        let r = match exporter.protocol {
+            Protocol::Grpc => runtime.block_on(export),
+            Protocol::HttpProtobuf => futures_executor::block_on(export),
+        };
+        let outcome = exporter.classify(&r);
+        stats.export(exporter.signal, &outcome);
+        match outcome {
+            Outcome::Ok => {
+                cursor = batch.next;
+                backoff = None;
+            }
+            Outcome::Rejected(_) => {
+                // Not retried: these events are lost, and counted.
+                stats.dropped(batch.events.len() as u64);
+                cursor = batch.next;
+                backoff = None;
+            }
+            Outcome::Retryable(_) => {
+                if stop {
+                    return;
+                }
+                let wait = backoff.map_or(FIRST_BACKOFF, |(_, w)| (w * 2).min(MAX_BACKOFF));
+                backoff = Some((Instant::now() + wait, wait));
+            }
+        }
+    }
+}
+
+/// One event as a log record.
+fn record(logger: &opentelemetry_sdk::logs::SdkLogger, e: &Event) -> SdkLogRecord {
+    let mut r = logger.create_log_record();
+    r.set_timestamp(e.time);
+    r.set_observed_timestamp(std::time::SystemTime::now());
+    r.set_severity_number(match e.severity {
+        Severity::Info => opentelemetry::logs::Severity::Info,
+        Severity::Warn => opentelemetry::logs::Severity::Warn,
+        Severity::Error => opentelemetry::logs::Severity::Error,
+        Severity::Fatal => opentelemetry::logs::Severity::Fatal,
+    });
+    r.set_severity_text(e.severity.text());
+    r.set_event_name(e.name);
+    r.set_body(AnyValue::String(e.body.clone().into()));
+    r.add_attribute(
+        Key::from_static_str("junction.event.sequence"),
+        e.seq as i64,
+    );
+    if let Some(id) = &e.hw_id {
+        r.add_attribute(Key::from_static_str("hw.id"), id.clone());
+    }
+    for (k, v) in &e.attrs {
+        r.add_attribute(Key::from_static_str(k), AnyValue::String(v.clone().into()));
+    }
+    r
+}

@@ -1,0 +1,217 @@
+//! The OTLP sink: the registry's metrics through the OpenTelemetry SDK (observable
+//! instruments over the model's latest snapshot, a periodic reader, `opentelemetry-otlp`'s
+//! exporters over gRPC or HTTP/protobuf), and the model's events as OTLP log records.
+//!
+//! Needs: a reachable receiver (an OpenTelemetry Collector, Alloy, Mimir, …). It never calls a
+//! source: exports read the model. How it fails: a receiver that is down, slow or answers a
+//! retryable error (UNAVAILABLE, 429, 503) is retried with backoff; metrics are not queued
+//! (the next cumulative export carries the state), events wait in a bounded queue (the model's
+//! event log, read through this sink's own cursor) and are delivered once when it is back,
+//! the oldest dropped and counted past `max_queued_events`. A rejected request (400,
+//! INVALID_ARGUMENT) is not retried: counted, and logged at most once per 10 minutes with the
+//! receiver's message. Headers are never logged.
+
+mod events;
+mod metrics;
+mod resource;
+pub mod settings;
+mod stats;
+mod transport;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::agent::{Component, Ctx};
+use crate::config::{Config, Invalid, SecretMap, StringMap, config_section};
+use settings::{Settings, parse_protocol, valid_url};
+pub use transport::diagnostics_layer;
+
+config_section! {
+    /// `[sinks.otlp]`. Each key left empty (or 0) is taken from the standard `OTEL_*`
+    /// environment variables, then from the default: the file wins over the environment.
+    pub struct OtlpConfig {
+        /// Push metrics and events over OTLP. Default: false.
+        pub enabled: bool = false,
+        /// The receiver's base URL, as in OTEL_EXPORTER_OTLP_ENDPOINT (for http/protobuf,
+        /// /v1/metrics and /v1/logs are appended). Empty: OTEL_EXPORTER_OTLP_METRICS_ENDPOINT
+        /// / OTEL_EXPORTER_OTLP_LOGS_ENDPOINT (used as is), then
+        /// OTEL_EXPORTER_OTLP_ENDPOINT, then http://localhost:4317 (grpc) or
+        /// http://localhost:4318 (http/protobuf).
+        pub endpoint: String = String::new(),
+        /// "grpc" or "http/protobuf". Empty: OTEL_EXPORTER_OTLP_(METRICS_|LOGS_)PROTOCOL,
+        /// then "grpc".
+        pub protocol: String = String::new(),
+        /// Request headers, e.g. { authorization = "Bearer …" }: merged over
+        /// OTEL_EXPORTER_OTLP_(METRICS_|LOGS_)HEADERS key by key. Never logged.
+        pub headers: SecretMap = SecretMap::default(),
+        /// "gzip" or "none". Empty: OTEL_EXPORTER_OTLP_(METRICS_|LOGS_)COMPRESSION, then
+        /// "gzip".
+        pub compression: String = String::new(),
+        /// Per-request timeout in milliseconds. 0: OTEL_EXPORTER_OTLP_(METRICS_|LOGS_)TIMEOUT,
+        /// then 10000.
+        pub timeout_ms: u64 = 0,
+        /// Seconds between metric exports. 0: OTEL_METRIC_EXPORT_INTERVAL (ms), then 15.
+        /// Events are sent as they happen, not at this interval.
+        pub interval_secs: u64 = 0,
+        /// "cumulative" or "delta" (counters only; most backends want cumulative). Empty:
+        /// OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, then "cumulative".
+        pub temporality: String = String::new(),
+        /// CA certificates (PEM) to trust for https:// endpoints, besides the built-in roots.
+        /// Empty: OTEL_EXPORTER_OTLP_CERTIFICATE.
+        pub ca_file: String = String::new(),
+        /// Client certificate (PEM) for mutual TLS, with client_key_file. Empty:
+        /// OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE.
+        pub client_cert_file: String = String::new(),
+        /// The client certificate's key (PEM). Empty: OTEL_EXPORTER_OTLP_CLIENT_KEY.
+        pub client_key_file: String = String::new(),
+        /// service.name. Empty: OTEL_SERVICE_NAME, then "junction".
+        pub service_name: String = String::new(),
+        /// Resource attributes to add (cluster, region, …), merged over
+        /// OTEL_RESOURCE_ATTRIBUTES key by key.
+        pub resource_attributes: StringMap = StringMap::default(),
+        /// Events waiting for delivery while the receiver is unreachable, at most; past it
+        /// the oldest are dropped and counted (junction_sink_events_dropped_total).
+        /// Default: 4096.
+        pub max_queued_events: u64 = 4096,
+    }
+}
+
+impl OtlpConfig {
+    /// Adds every problem with this section to `out`.
+    pub fn validate(&self, prefix: &str, out: &mut Vec<Invalid>) {
+        let mut bad = |key: &str, message: String| {
+            out.push(Invalid {
+                key: format!("{prefix}.{key}"),
+                message,
+            })
+        };
+        if !self.endpoint.is_empty() && !valid_url(&self.endpoint) {
+            bad(
+                "endpoint",
+                format!(
+                    "{:?} is not an http:// or https:// URL; write e.g. \"http://collector:4317\"",
+                    self.endpoint
+                ),
+            );
+        }
+        if !self.protocol.is_empty() && parse_protocol(&self.protocol).is_none() {
+            bad(
+                "protocol",
+                format!("{:?}: use \"grpc\" or \"http/protobuf\"", self.protocol),
+            );
+        }
+        if !matches!(self.compression.as_str(), "" | "gzip" | "none") {
+            bad(
+                "compression",
+                format!("{:?}: use \"gzip\" or \"none\"", self.compression),
+            );
+        }
+        if !matches!(self.temporality.as_str(), "" | "cumulative" | "delta") {
+            bad(
+                "temporality",
+                format!("{:?}: use \"cumulative\" or \"delta\"", self.temporality),
+            );
+        }
+        if self.timeout_ms > 600_000 {
+            bad(
+                "timeout_ms",
+                format!(
+                    "{} is out of range; use 1 to 600000 (0 = default)",
+                    self.timeout_ms
+                ),
+            );
+        }
+        if self.interval_secs > 86_400 {
+            bad(
+                "interval_secs",
+                format!(
+                    "{} is more than a day; use 1 to 86400 (0 = default)",
+                    self.interval_secs
+                ),
+            );
+        }
+        if self.max_queued_events == 0 || self.max_queued_events > 1_000_000 {
+            bad(
+                "max_queued_events",
+                format!(
+                    "{} is out of range; use 1 to 1000000",
+                    self.max_queued_events
+                ),
+            );
+        }
+        for (key, path) in [
+            ("ca_file", &self.ca_file),
+            ("client_cert_file", &self.client_cert_file),
+            ("client_key_file", &self.client_key_file),
+        ] {
+            if !path.is_empty() && !std::path::Path::new(path).is_file() {
+                bad(key, format!("{path:?} does not exist or is not a file"));
+            }
+        }
+        if self.client_cert_file.is_empty() != self.client_key_file.is_empty() {
+            bad(
+                "client_key_file",
+                "give both client_cert_file and client_key_file, or neither".into(),
+            );
+        }
+        for name in self.headers.0.keys() {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+            {
+                bad("headers", format!("{name:?} is not a header name"));
+            }
+        }
+    }
+}
+
+/// The OTLP sink.
+pub const COMPONENT: Component = Component {
+    name: "otlp",
+    enabled: |c| c.sinks.otlp.enabled,
+    start: |c, ctx| Box::pin(start(c, ctx)),
+    once: None,
+};
+
+/// Resolves the settings (a bad `OTEL_*` variable fails the start, naming it), builds the
+/// exporters and starts the metric reader and the event shipper.
+async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let env = |k: &str| std::env::var(k).ok();
+    let settings: Settings = settings::resolve(&config.sinks.otlp, &env)
+        .map_err(|e| anyhow::anyhow!("sinks.otlp: {e}"))?;
+    let resource = resource::build(&settings);
+    let stats = Arc::new(stats::Stats::new(ctx.model.clone()));
+    let exporters = transport::build(&settings, &stats).await?;
+    tracing::info!(
+        metrics = %settings.metrics.endpoint,
+        logs = %settings.logs.endpoint,
+        protocol = ?settings.metrics.protocol,
+        interval_secs = settings.interval.as_secs(),
+        "pushing metrics and events over OTLP"
+    );
+    let provider = metrics::start(
+        exporters.metrics,
+        resource.clone(),
+        settings.interval,
+        ctx.model.clone(),
+        stats.clone(),
+    );
+    let shipper = events::start(
+        exporters.logs,
+        resource,
+        ctx.model.clone(),
+        stats.clone(),
+        settings.max_queued_events,
+        tokio::runtime::Handle::current(),
+    )?;
+    Ok(tokio::spawn(async move {
+        ctx.shutdown.wait().await;
+        // The final export: pending events, then the metrics as the sources left them.
+        let _ = tokio::task::spawn_blocking(move || {
+            shipper.stop(Duration::from_millis(1500));
+            metrics::stop(provider);
+        })
+        .await;
+    }))
+}

@@ -1,0 +1,48 @@
+//! The OTLP resource: who is reporting. `service.name`, `service.version`, `host.name`,
+//! `host.id` (the machine id), `k8s.node.name` when the downward API sets `K8S_NODE_NAME`,
+//! and the attributes the user adds (`OTEL_RESOURCE_ATTRIBUTES`, then the config file).
+
+use std::path::Path;
+
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::Resource;
+
+use super::settings::Settings;
+
+/// The environment variable a Kubernetes DaemonSet sets from `spec.nodeName`.
+pub const NODE_NAME_ENV: &str = "K8S_NODE_NAME";
+
+/// Builds the resource.
+pub fn build(s: &Settings) -> Resource {
+    let mut attrs = vec![
+        KeyValue::new("service.name", s.service_name.clone()),
+        KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+    ];
+    // The UTS name this process sees: the host's with hostNetwork (as the DaemonSet runs).
+    if let Some(h) = read_trimmed(Path::new("/proc/sys/kernel/hostname"))
+        .or_else(|| read_trimmed(Path::new("/etc/hostname")))
+    {
+        attrs.push(KeyValue::new("host.name", h));
+    }
+    // The machine id: a container sees the host's when /etc/machine-id is mounted from it.
+    if let Some(id) = read_trimmed(Path::new("/etc/machine-id"))
+        .or_else(|| read_trimmed(Path::new("/var/lib/dbus/machine-id")))
+    {
+        attrs.push(KeyValue::new("host.id", id));
+    }
+    if let Some(node) = std::env::var(NODE_NAME_ENV).ok().filter(|v| !v.is_empty()) {
+        attrs.push(KeyValue::new("k8s.node.name", node));
+    }
+    for (k, v) in &s.resource_attributes {
+        attrs.retain(|a| a.key.as_str() != k.as_str());
+        attrs.push(KeyValue::new(k.clone(), v.clone()));
+    }
+    Resource::builder_empty().with_attributes(attrs).build()
+}
+
+fn read_trimmed(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}

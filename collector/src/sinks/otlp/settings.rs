@@ -1,0 +1,525 @@
+//! The OTLP settings in effect: the config file first, then the standard `OTEL_*`
+//! environment variables, then the defaults. A key set in `[sinks.otlp]` wins; a key left
+//! empty (or 0) there is taken from the environment; the signal-specific variables
+//! (`OTEL_EXPORTER_OTLP_METRICS_*`, `OTEL_EXPORTER_OTLP_LOGS_*`) win over the general ones.
+//! Pure: the environment is passed in, so every rule is unit-tested.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::OtlpConfig;
+
+/// The wire protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/gRPC.
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies.
+    HttpProtobuf,
+}
+
+/// Metrics or logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Signal {
+    /// Metric data points.
+    Metrics,
+    /// Log records (events).
+    Logs,
+}
+
+impl Signal {
+    /// `junction.signal`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::Metrics => "metrics",
+            Signal::Logs => "logs",
+        }
+    }
+
+    fn env(self) -> &'static str {
+        match self {
+            Signal::Metrics => "METRICS",
+            Signal::Logs => "LOGS",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Signal::Metrics => "/v1/metrics",
+            Signal::Logs => "/v1/logs",
+        }
+    }
+}
+
+/// What one signal is sent with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// The full URL (HTTP: with `/v1/metrics` or `/v1/logs`).
+    pub endpoint: String,
+    /// Request headers (secrets: never logged).
+    pub headers: BTreeMap<String, String>,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// gzip the bodies.
+    pub gzip: bool,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+/// Every setting of the sink, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Metrics.
+    pub metrics: Target,
+    /// Logs.
+    pub logs: Target,
+    /// Metric export interval.
+    pub interval: Duration,
+    /// Delta temporality for counters (cumulative otherwise).
+    pub delta: bool,
+    /// CA bundle to trust besides the built-in roots.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key (mutual TLS).
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+    /// `service.name`.
+    pub service_name: String,
+    /// Resource attributes the user adds (`OTEL_RESOURCE_ATTRIBUTES`, then the file).
+    pub resource_attributes: BTreeMap<String, String>,
+    /// Events waiting for delivery, at most.
+    pub max_queued_events: usize,
+}
+
+/// A setting from the environment that cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{variable}={value:?}: {message}")]
+pub struct EnvError {
+    /// The variable.
+    pub variable: String,
+    /// Its value (never a header: those are not echoed).
+    pub value: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
+
+/// Resolves the settings; `env` looks a variable up.
+pub fn resolve(c: &OtlpConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, EnvError> {
+    let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    let bad = |variable: &str, value: String, message: &str| EnvError {
+        variable: variable.into(),
+        value,
+        message: message.into(),
+    };
+    let target = |signal: Signal| -> Result<Target, EnvError> {
+        let sig = signal.env();
+        let specific = |what: &str| format!("OTEL_EXPORTER_OTLP_{sig}_{what}");
+        let general = |what: &str| format!("OTEL_EXPORTER_OTLP_{what}");
+        // Protocol.
+        let protocol = match (
+            c.protocol.as_str(),
+            var(&specific("PROTOCOL"))
+                .map(|v| (specific("PROTOCOL"), v))
+                .or_else(|| var(&general("PROTOCOL")).map(|v| (general("PROTOCOL"), v))),
+        ) {
+            ("", None) => Protocol::Grpc,
+            ("", Some((name, v))) => parse_protocol(&v)
+                .ok_or_else(|| bad(&name, v.clone(), "use grpc or http/protobuf"))?,
+            (p, _) => parse_protocol(p).unwrap_or(Protocol::Grpc),
+        };
+        // Endpoint: the file's base URL; else the signal's URL as is; else the general base.
+        let base = |b: &str| match protocol {
+            Protocol::Grpc => b.trim_end_matches('/').to_string(),
+            Protocol::HttpProtobuf => format!("{}{}", b.trim_end_matches('/'), signal.path()),
+        };
+        let endpoint = if !c.endpoint.is_empty() {
+            base(&c.endpoint)
+        } else if let Some(v) = var(&specific("ENDPOINT")) {
+            check_url(&specific("ENDPOINT"), &v)?;
+            v
+        } else if let Some(v) = var(&general("ENDPOINT")) {
+            check_url(&general("ENDPOINT"), &v)?;
+            base(&v)
+        } else {
+            base(match protocol {
+                Protocol::Grpc => "http://localhost:4317",
+                Protocol::HttpProtobuf => "http://localhost:4318",
+            })
+        };
+        // Headers: general, then signal-specific, then the file, key by key.
+        let mut headers = BTreeMap::new();
+        for name in [general("HEADERS"), specific("HEADERS")] {
+            if let Some(v) = var(&name) {
+                headers.extend(parse_pairs(&v).ok_or_else(|| EnvError {
+                    variable: name.clone(),
+                    value: "(not shown)".into(),
+                    message: "write key=value pairs separated by commas".into(),
+                })?);
+            }
+        }
+        headers.extend(c.headers.0.iter().map(|(k, v)| (k.clone(), v.clone())));
+        // Compression.
+        let gzip = match c.compression.as_str() {
+            "" => match var(&specific("COMPRESSION"))
+                .map(|v| (specific("COMPRESSION"), v))
+                .or_else(|| var(&general("COMPRESSION")).map(|v| (general("COMPRESSION"), v)))
+            {
+                None => true,
+                Some((name, v)) => match v.trim() {
+                    "gzip" => true,
+                    "none" => false,
+                    _ => return Err(bad(&name, v.clone(), "use gzip or none")),
+                },
+            },
+            other => other == "gzip",
+        };
+        // Timeout.
+        let timeout = if c.timeout_ms > 0 {
+            Duration::from_millis(c.timeout_ms)
+        } else {
+            match var(&specific("TIMEOUT"))
+                .map(|v| (specific("TIMEOUT"), v))
+                .or_else(|| var(&general("TIMEOUT")).map(|v| (general("TIMEOUT"), v)))
+            {
+                None => DEFAULT_TIMEOUT,
+                Some((name, v)) => Duration::from_millis(
+                    v.trim()
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|ms| (1..=600_000).contains(ms))
+                        .ok_or_else(|| bad(&name, v.clone(), "milliseconds, 1 to 600000"))?,
+                ),
+            }
+        };
+        Ok(Target {
+            endpoint,
+            headers,
+            protocol,
+            gzip,
+            timeout,
+        })
+    };
+    let interval = if c.interval_secs > 0 {
+        Duration::from_secs(c.interval_secs)
+    } else {
+        match var("OTEL_METRIC_EXPORT_INTERVAL") {
+            None => DEFAULT_INTERVAL,
+            Some(v) => Duration::from_millis(
+                v.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| *ms >= 1000)
+                    .ok_or_else(|| {
+                        bad(
+                            "OTEL_METRIC_EXPORT_INTERVAL",
+                            v.clone(),
+                            "milliseconds, at least 1000",
+                        )
+                    })?,
+            ),
+        }
+    };
+    let delta = match c.temporality.as_str() {
+        "" => match var("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE") {
+            None => false,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "cumulative" => false,
+                "delta" => true,
+                _ => {
+                    return Err(bad(
+                        "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+                        v.clone(),
+                        "use cumulative or delta",
+                    ));
+                }
+            },
+        },
+        t => t == "delta",
+    };
+    let file = |set: &str, name: &str| -> Option<PathBuf> {
+        if set.is_empty() {
+            var(name).map(PathBuf::from)
+        } else {
+            Some(PathBuf::from(set))
+        }
+    };
+    let ca_file = file(&c.ca_file, "OTEL_EXPORTER_OTLP_CERTIFICATE");
+    let cert = file(&c.client_cert_file, "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE");
+    let key = file(&c.client_key_file, "OTEL_EXPORTER_OTLP_CLIENT_KEY");
+    let client_identity = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        (Some(c), None) | (None, Some(c)) => {
+            return Err(bad(
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE / OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                c.display().to_string(),
+                "give both the client certificate and its key, or neither",
+            ));
+        }
+    };
+    let service_name = if c.service_name.is_empty() {
+        var("OTEL_SERVICE_NAME").unwrap_or_else(|| "junction".into())
+    } else {
+        c.service_name.clone()
+    };
+    let mut resource_attributes = BTreeMap::new();
+    if let Some(v) = var("OTEL_RESOURCE_ATTRIBUTES") {
+        resource_attributes.extend(parse_pairs(&v).ok_or_else(|| {
+            bad(
+                "OTEL_RESOURCE_ATTRIBUTES",
+                v.clone(),
+                "write key=value pairs separated by commas",
+            )
+        })?);
+    }
+    resource_attributes.extend(
+        c.resource_attributes
+            .0
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    Ok(Settings {
+        metrics: target(Signal::Metrics)?,
+        logs: target(Signal::Logs)?,
+        interval,
+        delta,
+        ca_file,
+        client_identity,
+        service_name,
+        resource_attributes,
+        max_queued_events: c.max_queued_events.max(1) as usize,
+    })
+}
+
+/// `grpc` or `http/protobuf` (the values `OTEL_EXPORTER_OTLP_PROTOCOL` takes).
+pub fn parse_protocol(v: &str) -> Option<Protocol> {
+    match v.trim() {
+        "grpc" => Some(Protocol::Grpc),
+        "http/protobuf" => Some(Protocol::HttpProtobuf),
+        _ => None,
+    }
+}
+
+/// An absolute `http://` or `https://` URL.
+pub fn valid_url(v: &str) -> bool {
+    reqwest::Url::parse(v)
+        .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+}
+
+fn check_url(variable: &str, v: &str) -> Result<(), EnvError> {
+    if valid_url(v) {
+        Ok(())
+    } else {
+        Err(EnvError {
+            variable: variable.into(),
+            value: v.into(),
+            message: "not an http:// or https:// URL".into(),
+        })
+    }
+}
+
+/// `k=v,k2=v2` with percent-encoded values (the W3C Baggage form the spec uses for
+/// `OTEL_EXPORTER_OTLP_HEADERS` and `OTEL_RESOURCE_ATTRIBUTES`).
+pub fn parse_pairs(v: &str) -> Option<Vec<(String, String)>> {
+    v.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=')?;
+            let k = k.trim();
+            (!k.is_empty()).then(|| (k.to_string(), percent_decode(v.trim())))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(x) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(x);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    fn file(f: impl FnOnce(&mut OtlpConfig)) -> OtlpConfig {
+        let mut c = OtlpConfig::default();
+        f(&mut c);
+        c
+    }
+
+    #[test]
+    fn defaults_without_file_or_environment() {
+        let s = resolve(&OtlpConfig::default(), &env(&[])).expect("ok");
+        assert_eq!(s.metrics.endpoint, "http://localhost:4317");
+        assert_eq!(s.metrics.protocol, Protocol::Grpc);
+        assert!(s.metrics.gzip);
+        assert_eq!(s.metrics.timeout, Duration::from_secs(10));
+        assert_eq!(s.interval, Duration::from_secs(15));
+        assert!(!s.delta);
+        assert_eq!(s.service_name, "junction");
+    }
+
+    #[test]
+    fn the_file_wins_over_the_environment_for_the_endpoint() {
+        let e = env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4317")]);
+        let s = resolve(&file(|c| c.endpoint = "http://file:4317".into()), &e).expect("ok");
+        assert_eq!(s.metrics.endpoint, "http://file:4317");
+        let s = resolve(&OtlpConfig::default(), &e).expect("ok");
+        assert_eq!(s.logs.endpoint, "http://env:4317");
+    }
+
+    #[test]
+    fn http_paths_are_appended_to_base_urls_but_not_to_signal_urls() {
+        let e = env(&[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
+            (
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+                "http://logs:9000/ingest",
+            ),
+        ]);
+        let s = resolve(&OtlpConfig::default(), &e).expect("ok");
+        assert_eq!(s.metrics.endpoint, "http://collector:4318/v1/metrics");
+        assert_eq!(s.logs.endpoint, "http://logs:9000/ingest");
+        let s = resolve(&file(|c| c.endpoint = "http://file:4318".into()), &e).expect("ok");
+        assert_eq!(
+            s.logs.endpoint, "http://file:4318/v1/logs",
+            "the file's base wins"
+        );
+    }
+
+    #[test]
+    fn the_file_wins_over_the_environment_for_protocol_compression_timeout_interval() {
+        let e = env(&[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "30000"),
+            ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "Delta"),
+        ]);
+        let s = resolve(&OtlpConfig::default(), &e).expect("ok");
+        assert_eq!(s.metrics.protocol, Protocol::HttpProtobuf);
+        assert!(!s.metrics.gzip);
+        assert_eq!(s.metrics.timeout, Duration::from_millis(2500));
+        assert_eq!(s.interval, Duration::from_secs(30));
+        assert!(s.delta);
+        let c = file(|c| {
+            c.protocol = "grpc".into();
+            c.compression = "gzip".into();
+            c.timeout_ms = 700;
+            c.interval_secs = 5;
+            c.temporality = "cumulative".into();
+        });
+        let s = resolve(&c, &e).expect("ok");
+        assert_eq!(s.metrics.protocol, Protocol::Grpc);
+        assert!(s.metrics.gzip);
+        assert_eq!(s.metrics.timeout, Duration::from_millis(700));
+        assert_eq!(s.interval, Duration::from_secs(5));
+        assert!(!s.delta);
+    }
+
+    #[test]
+    fn signal_specific_variables_win_over_general_ones() {
+        let e = env(&[
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ("OTEL_EXPORTER_OTLP_LOGS_TIMEOUT", "900"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Bearer%20general,x-a=1",
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+                "authorization=Bearer metrics",
+            ),
+        ]);
+        let s = resolve(&OtlpConfig::default(), &e).expect("ok");
+        assert_eq!(s.logs.timeout, Duration::from_millis(900));
+        assert_eq!(s.metrics.timeout, Duration::from_millis(2500));
+        assert_eq!(s.metrics.headers["authorization"], "Bearer metrics");
+        assert_eq!(s.logs.headers["authorization"], "Bearer general");
+        assert_eq!(s.logs.headers["x-a"], "1");
+    }
+
+    #[test]
+    fn file_headers_and_attributes_win_key_by_key() {
+        let e = env(&[
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=env,x-tenant=env",
+            ),
+            ("OTEL_RESOURCE_ATTRIBUTES", "cluster=env,region=eu"),
+            ("OTEL_SERVICE_NAME", "from-env"),
+        ]);
+        let c = file(|c| {
+            c.headers.0.insert("authorization".into(), "file".into());
+            c.resource_attributes
+                .0
+                .insert("cluster".into(), "prod-a".into());
+        });
+        let s = resolve(&c, &e).expect("ok");
+        assert_eq!(s.metrics.headers["authorization"], "file");
+        assert_eq!(s.metrics.headers["x-tenant"], "env");
+        assert_eq!(s.resource_attributes["cluster"], "prod-a");
+        assert_eq!(s.resource_attributes["region"], "eu");
+        assert_eq!(s.service_name, "from-env");
+        let s = resolve(&file(|c| c.service_name = "file-name".into()), &e).expect("ok");
+        assert_eq!(s.service_name, "file-name");
+    }
+
+    #[test]
+    fn bad_environment_values_name_the_variable() {
+        let e = resolve(
+            &OtlpConfig::default(),
+            &env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")]),
+        )
+        .expect_err("rejected");
+        assert_eq!(e.variable, "OTEL_EXPORTER_OTLP_PROTOCOL");
+        let e = resolve(
+            &OtlpConfig::default(),
+            &env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317")]),
+        )
+        .expect_err("rejected");
+        assert_eq!(e.variable, "OTEL_EXPORTER_OTLP_ENDPOINT");
+        let e = resolve(
+            &OtlpConfig::default(),
+            &env(&[("OTEL_EXPORTER_OTLP_HEADERS", "secret-without-equals")]),
+        )
+        .expect_err("rejected");
+        assert!(
+            !e.to_string().contains("secret"),
+            "header values are not echoed: {e}"
+        );
+    }
+
+    #[test]
+    fn pairs_are_percent_decoded() {
+        assert_eq!(
+            parse_pairs("a=b%20c, d = e ").expect("pairs"),
+            vec![("a".into(), "b c".into()), ("d".into(), "e".into())]
+        );
+    }
+}

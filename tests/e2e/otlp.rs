@@ -1,0 +1,649 @@
+//! The OTLP sink against an OTLP receiver in the test (tonic gRPC services and an HTTP/protobuf
+//! handler): the registry's metrics over both protocols, agreeing with `/metrics`; events as
+//! log records, delivered exactly once across outages; a receiver that is down, slow,
+//! UNAVAILABLE or rejecting; TLS; headers; the precedence of the config file over `OTEL_*`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
+
+use crate::support::otlp::{self, Mode, Receiver, attr, attr_int};
+use crate::support::{self, Agent, parse, scrape};
+
+/// A registry row from METRICS.md (generated from the registry; a drift test keeps it so).
+struct Desc {
+    prometheus: String,
+    unit: String,
+    kind: String,
+    attrs: BTreeSet<String>,
+}
+
+fn registry() -> BTreeMap<String, Desc> {
+    let text = std::fs::read_to_string(support::root().join("METRICS.md")).expect("METRICS.md");
+    text.lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cols: Vec<&str> = l
+                .split(" | ")
+                .map(|c| c.trim_matches(|c| c == '|' || c == ' '))
+                .collect();
+            let un = |c: &str| c.trim_matches('`').to_string();
+            (
+                un(cols[0]),
+                Desc {
+                    prometheus: un(cols[1]),
+                    unit: un(cols[2]),
+                    kind: cols[3].to_string(),
+                    attrs: cols[4].split(", ").map(un).collect(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// A config for the simulator with the OTLP sink pointed at `endpoint`.
+fn config(port: u16, otlp: &str) -> String {
+    format!(
+        "{}\n[sinks.otlp]\nenabled = true\ninterval_secs = 1\n{otlp}\n",
+        support::sim_config("current", port, "lost_retry_max_secs = 1")
+    )
+}
+
+fn start_agent(scenario: &str, otlp: &str) -> Agent {
+    Agent::spawn_config(scenario, &config(support::free_port(), otlp))
+}
+
+/// One data point: (metric, labels as Prometheus would name them) → value.
+type Points = BTreeMap<(String, BTreeMap<String, String>), f64>;
+
+/// The data points of the last metric request, keyed like `/metrics` series.
+fn otlp_points(req: &ExportMetricsServiceRequest, reg: &BTreeMap<String, Desc>) -> Points {
+    let mut out = Points::new();
+    for rm in &req.resource_metrics {
+        for sm in &rm.scope_metrics {
+            for m in &sm.metrics {
+                let desc = reg
+                    .get(&m.name)
+                    .unwrap_or_else(|| panic!("{} is not in the registry", m.name));
+                assert_eq!(m.unit, desc.unit, "{} unit", m.name);
+                let (points, kind) = match &m.data {
+                    Some(metric::Data::Gauge(g)) => (&g.data_points, "gauge"),
+                    Some(metric::Data::Sum(s)) if s.is_monotonic => {
+                        assert_eq!(s.aggregation_temporality, 2, "{} is cumulative", m.name);
+                        (&s.data_points, "counter")
+                    }
+                    Some(metric::Data::Sum(s)) => (&s.data_points, "updowncounter"),
+                    other => panic!("{}: unexpected data {other:?}", m.name),
+                };
+                assert_eq!(kind, desc.kind, "{} kind", m.name);
+                for p in points {
+                    let mut labels = BTreeMap::new();
+                    for kv in &p.attributes {
+                        assert!(
+                            desc.attrs.contains(&kv.key),
+                            "{} has attribute {} outside the registry's {:?}",
+                            m.name,
+                            kv.key,
+                            desc.attrs
+                        );
+                        labels.insert(
+                            kv.key.replace(['.', '-'], "_"),
+                            attr(&p.attributes, &kv.key).unwrap_or_default().to_string(),
+                        );
+                    }
+                    let v = match p.value {
+                        Some(number_data_point::Value::AsDouble(d)) => d,
+                        Some(number_data_point::Value::AsInt(i)) => i as f64,
+                        None => panic!("{} without a value", m.name),
+                    };
+                    out.insert((desc.prometheus.clone(), labels), v);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every registry metric, name, unit, kind and attribute, and every value agrees between the
+/// OTLP export and `/metrics` in the same run; the resource says who is reporting.
+fn same_metrics_as_scrape(protocol: &str) {
+    let rx = Receiver::start();
+    let endpoint = match protocol {
+        "grpc" => rx.grpc_url(),
+        _ => rx.http_url(),
+    };
+    let otlp = format!(
+        "endpoint = {endpoint:?}\nprotocol = {protocol:?}\nresource_attributes = {{ cluster = \"test-a\" }}\n"
+    );
+    // Every NVML group once an hour: after its first cycle the model stays as it is.
+    let config = config(support::free_port(), &otlp)
+        .replace("]\ninterval_secs = 1\n", "]\ninterval_secs = 3600\n");
+    let mut agent = Agent::spawn_config("h100-training.toml", &config);
+    agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("gpu_sm_activity_ratio") && m.contains("gpu_process_utilization_ratio")
+    });
+    let reg = registry();
+    rx.wait_for(
+        Duration::from_secs(20),
+        "a metric export with GPM and processes",
+        |r| {
+            r.metrics.last().is_some_and(|m| {
+                let p = otlp_points(m, &reg);
+                p.keys().any(|(n, _)| n == "gpu_sm_activity_ratio")
+                    && p.keys().any(|(n, _)| n == "gpu_process_utilization_ratio")
+            })
+        },
+    );
+    // NVML collects once (every group at an hour), so that the export and the scrape read the
+    // same model: every value must be equal, not close.
+    let n = rx.with(|r| r.metrics.len());
+    rx.wait_for(Duration::from_secs(10), "the next export", |r| {
+        r.metrics.len() > n
+    });
+    let body = scrape(agent.port, Duration::from_secs(5)).expect("scrape");
+    let otlp = rx.with(|r| otlp_points(r.metrics.last().expect("metrics"), &reg));
+    let prom: Points = parse(&body)
+        .into_iter()
+        .map(|s| ((s.name, s.labels), s.value))
+        .collect();
+    // The sinks' own telemetry moves between the two reads; everything else is the model.
+    let model = |k: &(String, BTreeMap<String, String>)| !k.0.starts_with("junction_sink");
+    let o: BTreeSet<_> = otlp.keys().filter(|k| model(k)).collect();
+    let p: BTreeSet<_> = prom.keys().filter(|k| model(k)).collect();
+    assert_eq!(
+        o.symmetric_difference(&p).collect::<Vec<_>>(),
+        Vec::<&&(String, BTreeMap<String, String>)>::new(),
+        "the same series on both sinks"
+    );
+    assert!(o.len() > 1500, "{} series", o.len());
+    for k in o {
+        assert_eq!(otlp[k], prom[k], "{k:?}");
+    }
+    // Values straight from the scenario, unit-converted.
+    let gpu0 = support::uuids(&parse(&body))[0].clone();
+    let at = |name: &str, extra: &[(&str, &str)]| {
+        let mut l: BTreeMap<String, String> = [("hw_id".to_string(), gpu0.clone())].into();
+        l.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        otlp[&(name.to_string(), l)]
+    };
+    assert_eq!(
+        at("hw_gpu_utilization_ratio", &[("hw_gpu_task", "general")]),
+        0.97
+    );
+    assert_eq!(
+        at("hw_gpu_memory_usage_bytes", &[]),
+        62459.0 * 1024.0 * 1024.0
+    );
+    assert_eq!(
+        at("gpu_clock_frequency_hertz", &[("gpu_clock_domain", "sm")]),
+        1980e6
+    );
+    // Resource.
+    let res = rx.with(|r| {
+        r.metrics.last().expect("metrics").resource_metrics[0]
+            .resource
+            .clone()
+            .expect("resource")
+    });
+    assert_eq!(attr(&res.attributes, "service.name"), Some("junction"));
+    assert!(attr(&res.attributes, "service.version").is_some());
+    assert!(attr(&res.attributes, "host.name").is_some_and(|h| !h.is_empty()));
+    assert_eq!(attr(&res.attributes, "cluster"), Some("test-a"));
+    if std::path::Path::new("/etc/machine-id").exists() {
+        assert!(attr(&res.attributes, "host.id").is_some());
+    }
+    assert!(agent.terminate().success());
+}
+
+#[test]
+fn grpc_carries_the_same_metrics_as_the_scrape() {
+    same_metrics_as_scrape("grpc");
+}
+
+#[test]
+fn http_carries_the_same_metrics_as_the_scrape() {
+    same_metrics_as_scrape("http/protobuf");
+}
+
+/// The sequence numbers of the events the receiver accepted, with duplicates.
+fn received_events(rx: &Receiver) -> Vec<i64> {
+    rx.with(|r| {
+        r.logs
+            .iter()
+            .flat_map(|l| &l.resource_logs)
+            .flat_map(|rl| &rl.scope_logs)
+            .flat_map(|sl| &sl.log_records)
+            .filter_map(|lr| attr_int(&lr.attributes, "junction.event.sequence"))
+            .collect()
+    })
+}
+
+/// Events recorded so far, per `/metrics`.
+fn events_recorded(port: u16) -> u64 {
+    let body = scrape(port, Duration::from_secs(5)).expect("scrape");
+    parse(&body)
+        .iter()
+        .filter(|s| s.name == "junction_events_total")
+        .map(|s| s.value as u64)
+        .sum()
+}
+
+fn metric(port: u16, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let body = scrape(port, Duration::from_secs(5)).expect("scrape");
+    support::value(&parse(&body), name, labels)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// After the receiver is back, every event the agent recorded has arrived exactly once.
+fn assert_exactly_once(rx: &Receiver, agent: &mut Agent) {
+    let start = Instant::now();
+    loop {
+        let recorded = events_recorded(agent.port);
+        let got = received_events(rx);
+        let distinct: BTreeSet<i64> = got.iter().copied().collect();
+        if distinct.len() as u64 == recorded && recorded > 0 {
+            assert_eq!(got.len(), distinct.len(), "no event twice: {got:?}");
+            assert_eq!(
+                distinct,
+                (0..recorded as i64).collect::<BTreeSet<_>>(),
+                "every event, once"
+            );
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{} of {recorded} events arrived: {got:?}\n{}",
+            distinct.len(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The receiver is down when the agent starts, then down again for 30 s in the middle: the
+/// agent keeps serving `/metrics`, its memory stays flat, metrics resume and every event
+/// emitted meanwhile (health transitions of a flapping GPU) arrives exactly once.
+#[test]
+fn events_emitted_while_the_receiver_is_down_arrive_exactly_once() {
+    let mut rx = Receiver::start();
+    rx.down();
+    let mut agent = start_agent(
+        "flapping.toml",
+        &format!("endpoint = {:?}\nprotocol = \"grpc\"\n", rx.grpc_url()),
+    );
+    agent.wait_for(Duration::from_secs(20), |m| m.contains("hw_status{"));
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        events_recorded(agent.port) > 0,
+        "the flapping GPU made events"
+    );
+    rx.up();
+    rx.wait_for(
+        Duration::from_secs(20),
+        "metrics after the receiver came up",
+        |r| !r.metrics.is_empty(),
+    );
+    assert_exactly_once(&rx, &mut agent);
+    // A health transition as a log record: severity, event name, the GPU, a sentence.
+    let failed = rx.with(|r| {
+        r.logs
+            .iter()
+            .flat_map(|l| &l.resource_logs)
+            .flat_map(|rl| &rl.scope_logs)
+            .flat_map(|sl| &sl.log_records)
+            .find(|lr| attr(&lr.attributes, "hw.state") == Some("failed"))
+            .cloned()
+            .expect("a failed transition")
+    });
+    assert_eq!(failed.severity_number, 17, "ERROR");
+    assert_eq!(failed.event_name, "hw.status.change");
+    assert_eq!(
+        attr(&failed.attributes, "gpu.health.reason"),
+        Some("gpu_lost")
+    );
+    assert!(attr(&failed.attributes, "hw.id").is_some_and(|id| id.starts_with("GPU-")));
+    assert!(
+        otlp::body(&failed.body).contains("fallen off the bus"),
+        "{:?}",
+        failed.body
+    );
+
+    // Down for 30 s in the middle.
+    let rss_before = rss_kib(agent.child.id());
+    let events_before = events_recorded(agent.port);
+    rx.down();
+    let metrics_before = rx.with(|r| r.metrics.len());
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_secs(1));
+        scrape(agent.port, Duration::from_secs(5)).expect("/metrics is served during the outage");
+    }
+    let rss_during = rss_kib(agent.child.id());
+    assert!(
+        events_recorded(agent.port) >= events_before + 4,
+        "events happened during the outage"
+    );
+    assert!(
+        metric(
+            agent.port,
+            "junction_sink_export_failures_total",
+            &[("junction_sink", "otlp"), ("junction_signal", "metrics")]
+        )
+        .is_some_and(|v| v > 0.0)
+    );
+    assert!(
+        rss_during < rss_before + 16 * 1024,
+        "RSS grew from {rss_before} KiB to {rss_during} KiB during the outage"
+    );
+    rx.up();
+    rx.wait_for(Duration::from_secs(20), "metrics resume", |r| {
+        r.metrics.len() > metrics_before
+    });
+    assert_exactly_once(&rx, &mut agent);
+    assert_eq!(
+        metric(
+            agent.port,
+            "junction_sink_events_dropped_total",
+            &[("junction_sink", "otlp")]
+        ),
+        Some(0.0)
+    );
+    let log = agent.log();
+    assert!(
+        log.matches("OTLP export failed").count() <= 4,
+        "failures are logged once per kind and signal, not per export:\n{log}"
+    );
+    assert!(agent.terminate().success());
+}
+
+/// A receiver slower than the timeout, then one answering UNAVAILABLE / 503 with a retry
+/// hint: nothing is lost or doubled once it accepts again.
+fn slow_then_unavailable(protocol: &str) {
+    let rx = Receiver::start();
+    rx.set_mode(Mode::Slow(Duration::from_secs(3)));
+    let endpoint = if protocol == "grpc" {
+        rx.grpc_url()
+    } else {
+        rx.http_url()
+    };
+    let mut agent = start_agent(
+        "flapping.toml",
+        &format!("endpoint = {endpoint:?}\nprotocol = {protocol:?}\ntimeout_ms = 1000\n"),
+    );
+    agent.wait_for(Duration::from_secs(20), |m| m.contains("hw_status{"));
+    std::thread::sleep(Duration::from_secs(6));
+    rx.set_mode(Mode::Unavailable);
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(rx.with(|r| r.requests) > 0, "the agent kept trying");
+    assert!(rx.with(|r| r.logs.is_empty()), "nothing accepted so far");
+    scrape(agent.port, Duration::from_secs(5)).expect("/metrics is served");
+    rx.set_mode(Mode::Accept);
+    assert_exactly_once(&rx, &mut agent);
+    assert!(agent.terminate().success());
+}
+
+#[test]
+fn slow_and_unavailable_receivers_over_grpc_lose_nothing() {
+    slow_then_unavailable("grpc");
+}
+
+#[test]
+fn slow_and_unavailable_receivers_over_http_lose_nothing() {
+    slow_then_unavailable("http/protobuf");
+}
+
+/// A 400 / INVALID_ARGUMENT is not retried: counted, and logged once with the receiver's
+/// message.
+fn rejected(protocol: &str, expect_message: bool) {
+    let rx = Receiver::start();
+    rx.set_mode(Mode::Reject("metric hw.bogus has an invalid unit".into()));
+    let endpoint = if protocol == "grpc" {
+        rx.grpc_url()
+    } else {
+        rx.http_url()
+    };
+    let mut agent = start_agent(
+        "h100-training.toml",
+        &format!("endpoint = {endpoint:?}\nprotocol = {protocol:?}\n"),
+    );
+    agent.wait_for(Duration::from_secs(20), |m| m.contains("hw_status{"));
+    std::thread::sleep(Duration::from_secs(5));
+    let requests = rx.with(|r| r.requests);
+    // About one metric export a second, with no retries in between.
+    assert!((3..=9).contains(&requests), "{requests} requests in 5 s");
+    let failures = metric(
+        agent.port,
+        "junction_sink_export_failures_total",
+        &[("junction_sink", "otlp"), ("junction_signal", "metrics")],
+    )
+    .unwrap_or(0.0);
+    assert!(failures >= 3.0, "{failures}");
+    let log = agent.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("rejected the export"))
+        .collect();
+    assert_eq!(lines.len(), 1, "logged once: {lines:#?}");
+    if expect_message {
+        assert!(lines[0].contains("has an invalid unit"), "{}", lines[0]);
+    }
+    assert!(agent.terminate().success());
+}
+
+#[test]
+fn rejected_exports_over_grpc_are_counted_not_retried() {
+    rejected("grpc", true);
+}
+
+#[test]
+fn rejected_exports_over_http_are_counted_not_retried() {
+    rejected("http/protobuf", true);
+}
+
+/// Past the queue bound the oldest events are dropped, and the drop counter equals the loss.
+#[test]
+fn past_the_queue_bound_the_drop_counter_equals_the_loss() {
+    let mut rx = Receiver::start();
+    rx.down();
+    let mut agent = start_agent(
+        "flapping.toml",
+        &format!(
+            "endpoint = {:?}\nprotocol = \"http/protobuf\"\nmax_queued_events = 3\n",
+            rx.http_url()
+        ),
+    );
+    agent.wait_for(Duration::from_secs(20), |m| m.contains("hw_status{"));
+    let start = Instant::now();
+    while events_recorded(agent.port) < 8 {
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "not enough events"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    rx.up();
+    std::thread::sleep(Duration::from_secs(3));
+    let (got, dropped, recorded) = loop {
+        let recorded = events_recorded(agent.port);
+        let got: BTreeSet<i64> = received_events(&rx).into_iter().collect();
+        let dropped = metric(
+            agent.port,
+            "junction_sink_events_dropped_total",
+            &[("junction_sink", "otlp")],
+        )
+        .unwrap_or(0.0) as u64;
+        if got.len() as u64 + dropped == recorded {
+            break (got, dropped, recorded);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "received {got:?}, dropped {dropped}, recorded {recorded}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(dropped >= 5, "{dropped} dropped of {recorded}");
+    // The oldest went: what arrived is the newest.
+    assert!(got.iter().all(|s| *s as u64 >= dropped), "{got:?}");
+    assert!(agent.terminate().success());
+}
+
+/// TLS with a test CA: trusted through `ca_file`, data arrives and the configured headers
+/// reach the receiver (and no log, even at debug level); a wrong CA is refused with a clear
+/// error.
+#[test]
+fn tls_with_a_test_ca_and_headers_that_never_reach_a_log() {
+    let ca = otlp::test_ca();
+    let rx = Receiver::start_tls(Some(ca.server));
+    let dir = support::temp_dir();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, &ca.ca).expect("ca");
+    let secret = "Bearer s3cr3t-t0ken-value";
+    let otlp = format!(
+        "endpoint = {:?}\nprotocol = \"grpc\"\nca_file = {:?}\nheaders = {{ authorization = {secret:?}, x-scope-orgid = \"tenant-7\" }}\n",
+        rx.grpc_url().replace("127.0.0.1", "localhost"),
+        ca_file.display().to_string()
+    );
+    let port = support::free_port();
+    let mut agent = Agent::spawn_config_env(
+        "h100-training.toml",
+        &config(port, &otlp),
+        &[("RUST_LOG", "debug")],
+    );
+    rx.wait_for(Duration::from_secs(20), "metrics over TLS", |r| {
+        !r.metrics.is_empty()
+    });
+    let headers = rx.with(|r| r.headers.clone());
+    assert!(
+        headers.contains(&("authorization".into(), secret.into())),
+        "{headers:?}"
+    );
+    assert!(headers.contains(&("x-scope-orgid".into(), "tenant-7".into())));
+    assert!(agent.terminate().success());
+    assert!(
+        !agent.log().contains("s3cr3t"),
+        "a header value reached the log"
+    );
+
+    // A CA that did not sign the receiver's certificate.
+    let wrong = dir.join("wrong-ca.pem");
+    std::fs::write(&wrong, otlp::test_ca().ca).expect("ca");
+    let otlp = format!(
+        "endpoint = {:?}\nprotocol = \"grpc\"\nca_file = {:?}\n",
+        rx.grpc_url().replace("127.0.0.1", "localhost"),
+        wrong.display().to_string()
+    );
+    let before = rx.with(|r| r.metrics.len());
+    let mut agent = start_agent("h100-training.toml", &otlp);
+    agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("junction_sink_export_failures_total{junction_sink=\"otlp\",junction_signal=\"metrics\"} 1")
+            || m.contains("junction_sink_export_failures_total{junction_sink=\"otlp\",junction_signal=\"metrics\"} 2")
+    });
+    assert_eq!(rx.with(|r| r.metrics.len()), before, "nothing accepted");
+    let log = agent.log();
+    assert!(
+        log.contains("OTLP export failed")
+            && (log.contains("certificate") || log.contains("Unavailable")),
+        "a clear error: {log}"
+    );
+    assert!(agent.terminate().success());
+}
+
+/// The config file wins over `OTEL_EXPORTER_OTLP_ENDPOINT`; without it, the environment
+/// applies.
+#[test]
+fn the_config_file_wins_over_the_environment() {
+    let from_env = Receiver::start();
+    let from_file = Receiver::start();
+    let port = support::free_port();
+    let env_url = from_env.http_url();
+    let mut agent = Agent::spawn_config_env(
+        "h100-training.toml",
+        &config(
+            port,
+            &format!(
+                "endpoint = {:?}\nprotocol = \"http/protobuf\"\n",
+                from_file.http_url()
+            ),
+        ),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", env_url.as_str()),
+            ("OTEL_SERVICE_NAME", "from-env"),
+        ],
+    );
+    from_file.wait_for(
+        Duration::from_secs(20),
+        "metrics at the file's endpoint",
+        |r| !r.metrics.is_empty(),
+    );
+    assert_eq!(from_env.with(|r| r.requests), 0);
+    let res = from_file.with(|r| {
+        r.metrics[0].resource_metrics[0]
+            .resource
+            .clone()
+            .expect("resource")
+    });
+    assert_eq!(
+        attr(&res.attributes, "service.name"),
+        Some("from-env"),
+        "the file left it unset"
+    );
+    assert!(agent.terminate().success());
+
+    let port = support::free_port();
+    let mut agent = Agent::spawn_config_env(
+        "h100-training.toml",
+        &config(port, "protocol = \"http/protobuf\"\n"),
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", env_url.as_str())],
+    );
+    from_env.wait_for(
+        Duration::from_secs(20),
+        "metrics at the environment's endpoint",
+        |r| !r.metrics.is_empty(),
+    );
+    assert!(agent.terminate().success());
+}
+
+/// A GPU that falls off the bus: its readings stop being exported (its status stays).
+#[test]
+fn a_lost_gpus_readings_stop_being_exported() {
+    let rx = Receiver::start();
+    let mut agent = start_agent(
+        "gpu-lost.toml",
+        &format!("endpoint = {:?}\nprotocol = \"grpc\"\n", rx.grpc_url()),
+    );
+    let body = agent.wait_for(Duration::from_secs(30), |m| {
+        m.contains("hw_state=\"failed\"} 1")
+    });
+    let lost = parse(&body)
+        .into_iter()
+        .find(|s| s.name == "hw_status" && s.labels["hw_state"] == "failed" && s.value == 1.0)
+        .expect("failed GPU")
+        .labels["hw_id"]
+        .clone();
+    let n = rx.with(|r| r.metrics.len());
+    rx.wait_for(Duration::from_secs(10), "two more exports", |r| {
+        r.metrics.len() >= n + 2
+    });
+    let reg = registry();
+    let last = rx.with(|r| otlp_points(r.metrics.last().expect("metrics"), &reg));
+    let of_lost: Vec<_> = last
+        .keys()
+        .filter(|(_, l)| l.get("hw_id") == Some(&lost))
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert!(
+        !of_lost.contains(&"hw_gpu_memory_usage_bytes".to_string()),
+        "{of_lost:?}"
+    );
+    assert!(of_lost.contains(&"hw_status".to_string()));
+    assert!(agent.terminate().success());
+}

@@ -1,0 +1,432 @@
+//! An OTLP receiver inside the tests: the `opentelemetry-proto` gRPC services over tonic and an
+//! HTTP/protobuf handler, with scripted behaviour (accept, down, slow, UNAVAILABLE / 503 with
+//! a retry hint, 400 / INVALID_ARGUMENT) and optional TLS.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
+    LogsService, LogsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use prost::Message;
+
+/// How the receiver answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mode {
+    /// 200 / OK, and keeps what it got.
+    Accept,
+    /// 503 with `Retry-After` / UNAVAILABLE; keeps nothing.
+    Unavailable,
+    /// 400 / INVALID_ARGUMENT with this message; keeps nothing.
+    Reject(String),
+    /// Answers after this long; keeps nothing (the client has given up by then).
+    Slow(Duration),
+}
+
+/// What the receiver got.
+#[derive(Default)]
+pub struct Received {
+    /// Accepted metric requests.
+    pub metrics: Vec<ExportMetricsServiceRequest>,
+    /// Accepted log requests.
+    pub logs: Vec<ExportLogsServiceRequest>,
+    /// Requests of any outcome.
+    pub requests: u64,
+    /// Request headers / metadata of the last request (lower-case names).
+    pub headers: Vec<(String, String)>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    mode: Arc<Mutex<Mode>>,
+    got: Arc<Mutex<Received>>,
+}
+
+impl Shared {
+    fn mode(&self) -> Mode {
+        self.mode.lock().expect("mode").clone()
+    }
+
+    fn seen(&self, headers: Vec<(String, String)>) {
+        let mut g = self.got.lock().expect("got");
+        g.requests += 1;
+        g.headers = headers;
+    }
+}
+
+/// TLS material for the receiver.
+pub struct ServerTls {
+    /// Server certificate chain (PEM).
+    pub cert: String,
+    /// Its key (PEM).
+    pub key: String,
+}
+
+/// A running receiver; stopped on drop.
+pub struct Receiver {
+    /// gRPC address.
+    pub grpc: SocketAddr,
+    /// HTTP address.
+    pub http: SocketAddr,
+    shared: Shared,
+    rt: tokio::runtime::Runtime,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tls: Option<(String, String)>,
+}
+
+impl Receiver {
+    /// Starts on two free loopback ports.
+    pub fn start() -> Receiver {
+        Receiver::start_tls(None)
+    }
+
+    /// Starts with TLS on the gRPC port when `tls` is given.
+    pub fn start_tls(tls: Option<ServerTls>) -> Receiver {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let grpc = free_addr();
+        let http = free_addr();
+        let mut r = Receiver {
+            grpc,
+            http,
+            shared: Shared {
+                mode: Arc::new(Mutex::new(Mode::Accept)),
+                got: Arc::new(Mutex::new(Received::default())),
+            },
+            rt,
+            tasks: Vec::new(),
+            tls: tls.map(|t| (t.cert, t.key)),
+        };
+        r.up();
+        r
+    }
+
+    /// Serves (again) on the same ports.
+    pub fn up(&mut self) {
+        let shared = self.shared.clone();
+        let grpc = self.grpc;
+        let tls = self.tls.clone();
+        let g = self.rt.spawn(async move {
+            let mut server = tonic::transport::Server::builder();
+            if let Some((cert, key)) = tls {
+                server = server
+                    .tls_config(
+                        tonic::transport::ServerTlsConfig::new()
+                            .identity(tonic::transport::Identity::from_pem(cert, key)),
+                    )
+                    .expect("tls config");
+            }
+            let listener = bind(grpc).await;
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            let _ = server
+                .add_service(
+                    MetricsServiceServer::new(Grpc(shared.clone()))
+                        .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                )
+                .add_service(
+                    LogsServiceServer::new(Grpc(shared.clone()))
+                        .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                )
+                .serve_with_incoming(incoming)
+                .await;
+        });
+        let shared = self.shared.clone();
+        let http = self.http;
+        let h = self.rt.spawn(async move {
+            let app = axum::Router::new()
+                .route("/v1/metrics", axum::routing::post(http_metrics))
+                .route("/v1/logs", axum::routing::post(http_logs))
+                .with_state(shared);
+            let _ = axum::serve(bind(http).await, app).await;
+        });
+        self.tasks = vec![g, h];
+        // Let the listeners come up.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// Stops listening (the receiver is unreachable).
+    pub fn down(&mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// Changes how it answers.
+    pub fn set_mode(&self, m: Mode) {
+        *self.shared.mode.lock().expect("mode") = m;
+    }
+
+    /// Reads what it got.
+    pub fn with<T>(&self, f: impl FnOnce(&Received) -> T) -> T {
+        f(&self.shared.got.lock().expect("got"))
+    }
+
+    /// Waits until `ok` holds (panics after `limit`).
+    pub fn wait_for(&self, limit: Duration, what: &str, ok: impl Fn(&Received) -> bool) {
+        let start = Instant::now();
+        while !self.with(&ok) {
+            assert!(
+                start.elapsed() < limit,
+                "receiver: {what} not within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The gRPC endpoint URL.
+    pub fn grpc_url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.grpc)
+    }
+
+    /// The HTTP base URL.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+}
+
+async fn bind(addr: SocketAddr) -> tokio::net::TcpListener {
+    // The port was free a moment ago (or was ours before `down`): retry briefly.
+    for _ in 0..50 {
+        if let Ok(l) = tokio::net::TcpListener::bind(addr).await {
+            return l;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("cannot bind {addr}");
+}
+
+struct Grpc(Shared);
+
+fn metadata_headers(m: &tonic::metadata::MetadataMap) -> Vec<(String, String)> {
+    m.iter()
+        .filter_map(|kv| match kv {
+            tonic::metadata::KeyAndValueRef::Ascii(k, v) => {
+                Some((k.to_string(), v.to_str().unwrap_or_default().to_string()))
+            }
+            tonic::metadata::KeyAndValueRef::Binary(..) => None,
+        })
+        .collect()
+}
+
+impl Grpc {
+    async fn answer(&self) -> Result<(), tonic::Status> {
+        match self.0.mode() {
+            Mode::Accept => Ok(()),
+            Mode::Unavailable => Err(tonic::Status::unavailable("receiver is restarting")),
+            Mode::Reject(m) => Err(tonic::Status::invalid_argument(m)),
+            Mode::Slow(d) => {
+                tokio::time::sleep(d).await;
+                Err(tonic::Status::deadline_exceeded("too late"))
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.0.seen(metadata_headers(request.metadata()));
+        self.answer().await?;
+        self.0
+            .got
+            .lock()
+            .expect("got")
+            .metrics
+            .push(request.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl LogsService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportLogsServiceRequest>,
+    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        self.0.seen(metadata_headers(request.metadata()));
+        self.answer().await?;
+        self.0
+            .got
+            .lock()
+            .expect("got")
+            .logs
+            .push(request.into_inner());
+        Ok(tonic::Response::new(ExportLogsServiceResponse::default()))
+    }
+}
+
+/// Decodes an HTTP/protobuf body (gzip or not) after the scripted answer.
+async fn http_body<T: Message + Default>(
+    shared: &Shared,
+    headers: &axum::http::HeaderMap,
+    body: &[u8],
+) -> Result<T, (axum::http::StatusCode, axum::http::HeaderMap, String)> {
+    use axum::http::{HeaderMap, StatusCode};
+    shared.seen(
+        headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_string()))
+            .collect(),
+    );
+    match shared.mode() {
+        Mode::Accept => {}
+        Mode::Unavailable => {
+            let mut h = HeaderMap::new();
+            h.insert("retry-after", "1".parse().expect("header"));
+            return Err((StatusCode::SERVICE_UNAVAILABLE, h, "restarting".into()));
+        }
+        Mode::Reject(m) => return Err((StatusCode::BAD_REQUEST, HeaderMap::new(), m)),
+        Mode::Slow(d) => {
+            tokio::time::sleep(d).await;
+            return Err((
+                StatusCode::GATEWAY_TIMEOUT,
+                HeaderMap::new(),
+                "too late".into(),
+            ));
+        }
+    }
+    let gzip = headers
+        .get("content-encoding")
+        .is_some_and(|v| v.as_bytes() == b"gzip");
+    let raw = if gzip {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(body)
+            .read_to_end(&mut out)
+            .expect("gzip body");
+        out
+    } else {
+        body.to_vec()
+    };
+    Ok(T::decode(raw.as_slice()).expect("protobuf body"))
+}
+
+async fn http_metrics(
+    axum::extract::State(shared): axum::extract::State<Shared>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> impl axum::response::IntoResponse {
+    match http_body::<ExportMetricsServiceRequest>(&shared, &headers, &body).await {
+        Ok(r) => {
+            shared.got.lock().expect("got").metrics.push(r);
+            (
+                axum::http::StatusCode::OK,
+                axum::http::HeaderMap::new(),
+                String::new(),
+            )
+        }
+        Err(e) => e,
+    }
+}
+
+async fn http_logs(
+    axum::extract::State(shared): axum::extract::State<Shared>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> impl axum::response::IntoResponse {
+    match http_body::<ExportLogsServiceRequest>(&shared, &headers, &body).await {
+        Ok(r) => {
+            shared.got.lock().expect("got").logs.push(r);
+            (
+                axum::http::StatusCode::OK,
+                axum::http::HeaderMap::new(),
+                String::new(),
+            )
+        }
+        Err(e) => e,
+    }
+}
+
+/// A string attribute value.
+pub fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| {
+        match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+            Some(any_value::Value::StringValue(s)) => Some(s.as_str()),
+            _ => None,
+        }
+    })
+}
+
+/// An integer attribute value.
+pub fn attr_int(attrs: &[KeyValue], key: &str) -> Option<i64> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| {
+        match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+            Some(any_value::Value::IntValue(i)) => Some(*i),
+            _ => None,
+        }
+    })
+}
+
+/// The body of a log record as text.
+pub fn body(v: &Option<AnyValue>) -> String {
+    match v.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(any_value::Value::StringValue(s)) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+/// A test CA and a server certificate for 127.0.0.1 / localhost signed by it.
+pub struct TestCa {
+    /// The CA certificate (PEM).
+    pub ca: String,
+    /// The server's certificate and key.
+    pub server: ServerTls,
+}
+
+/// Makes a CA and a server certificate.
+pub fn test_ca() -> TestCa {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().expect("ca key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "junction test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
+    let key = KeyPair::generate().expect("server key");
+    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        .expect("params");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let cert = params.signed_by(&key, &issuer).expect("server cert");
+    TestCa {
+        ca: ca_cert.pem(),
+        server: ServerTls {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        },
+    }
+}
