@@ -12,6 +12,8 @@ use anyhow::{Context, Result, bail};
 
 use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 
+mod otlp;
+
 /// What one measured process did.
 struct Measurement {
     label: String,
@@ -23,6 +25,12 @@ struct Measurement {
     peak_rss_kib: u64,
     scrapes: u32,
     series: usize,
+    /// Bytes of one `/metrics` body.
+    scrape_bytes: usize,
+    /// OTLP metric requests and their body bytes, for the OTLP rows.
+    otlp: Option<(u64, u64)>,
+    /// GPUs on the simulated node.
+    gpus: u32,
 }
 
 impl Measurement {
@@ -53,18 +61,74 @@ pub fn run(smoke: bool) -> Result<()> {
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let mut results = Vec::new();
-    for (label, scenario, port, scraped) in [
-        ("junction, 8 GPUs", "h100-training.toml", 19481, true),
+    // (label, scenario, GPUs, port, scraped, OTLP compression)
+    let rows: [(&str, &str, u32, u16, bool, Option<&str>); 8] = [
+        ("junction, 8 GPUs", "h100-training.toml", 8, 19481, true, None),
         (
             "junction, 8 GPUs, collection only (not scraped)",
             "h100-training.toml",
+            8,
             19484,
             false,
+            None,
         ),
-        ("junction, 64 GPUs", "h100-64.toml", 19482, true),
-    ] {
+        ("junction, 64 GPUs", "h100-64.toml", 64, 19482, true, None),
+        (
+            "junction, 64 GPUs, collection only (not scraped)",
+            "h100-64.toml",
+            64,
+            19485,
+            false,
+            None,
+        ),
+        (
+            "junction, 8 GPUs, OTLP/HTTP gzip every 1 s (not scraped)",
+            "h100-training.toml",
+            8,
+            19486,
+            false,
+            Some("gzip"),
+        ),
+        (
+            "junction, 8 GPUs, OTLP/HTTP uncompressed every 1 s (not scraped)",
+            "h100-training.toml",
+            8,
+            19487,
+            false,
+            Some("none"),
+        ),
+        (
+            "junction, 64 GPUs, OTLP/HTTP gzip every 1 s (not scraped)",
+            "h100-64.toml",
+            64,
+            19488,
+            false,
+            Some("gzip"),
+        ),
+        (
+            "junction, 64 GPUs, OTLP/HTTP uncompressed every 1 s (not scraped)",
+            "h100-64.toml",
+            64,
+            19489,
+            false,
+            Some("none"),
+        ),
+    ];
+    for (label, scenario, gpus, port, scraped, compression) in rows {
         let config = dir.join(format!("bench-{port}.toml"));
-        std::fs::write(&config, sim_config(&format!("127.0.0.1:{port}"), 1))?;
+        let mut text = sim_config(&format!("127.0.0.1:{port}"), 1);
+        let sink = match compression {
+            Some(c) => {
+                let sink = otlp::Sink::start()?;
+                text.push_str(&format!(
+                    "\n[sinks.otlp]\nenabled = true\nendpoint = \"http://127.0.0.1:{}\"\nprotocol = \"http/protobuf\"\ninterval_secs = 1\ncompression = {c:?}\n",
+                    sink.port
+                ));
+                Some(sink)
+            }
+            None => None,
+        };
+        std::fs::write(&config, text)?;
         let child = Command::new(&bin)
             .env(
                 "JUNCTION_NVML_SIM_SCENARIO",
@@ -77,7 +141,13 @@ pub fn run(smoke: bool) -> Result<()> {
             .stderr(Stdio::null())
             .spawn()
             .context("starting junction")?;
-        results.push(measure(label, child, port, window, scraped)?);
+        let mut m = measure(label, child, port, window, scraped)?;
+        m.gpus = gpus;
+        if let Some(sink) = sink {
+            let c = sink.counts("/v1/metrics");
+            m.otlp = Some((c.requests, c.bytes));
+        }
+        results.push(m);
     }
     let env = setup::test_dependencies()?;
     let exporter = env.python.with_file_name("nvitop-exporter");
@@ -99,13 +169,15 @@ pub fn run(smoke: bool) -> Result<()> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting nvitop-exporter")?;
-    results.push(measure(
+    let mut m = measure(
         "nvitop-exporter 1.7.2, 8 GPUs",
         child,
         19483,
         window,
         true,
-    )?);
+    )?;
+    m.gpus = 8;
+    results.push(m);
 
     let report = report(&results, window, smoke, profile);
     print!("{report}");
@@ -141,8 +213,9 @@ fn measure(
         }
         // Let the first cycles (and GPM's baseline) settle before measuring.
         std::thread::sleep(Duration::from_secs(2));
-        // One scrape outside the window counts the series.
-        let series = scrape(port)?
+        // One scrape outside the window counts the series and their bytes.
+        let body = scrape(port)?;
+        let series = body
             .lines()
             .filter(|l| !l.starts_with('#') && !l.is_empty())
             .count();
@@ -174,6 +247,9 @@ fn measure(
             peak_rss_kib: peak_rss_kib(pid)?,
             scrapes,
             series,
+            scrape_bytes: body.len(),
+            otlp: None,
+            gpus: 0,
         })
     })();
     let _ = Command::new("kill")
@@ -333,9 +409,59 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
             j.peak_rss_kib as f64 / 1024.0
         ));
     }
+    out.push_str(&otlp_report(results));
     out.push_str(
         "\nCaveat: the simulator answers in microseconds; a real driver's NVML calls cost more (tens of µs to ms),\n\
          so these figures are the agent's own overhead, not the NVML time on a real GPU.\n",
     );
+    out
+}
+
+/// The OTLP table: bytes on the wire per export, per data point and per GPU, and CPU per
+/// export, beside one `/metrics` scrape of the same state.
+fn otlp_report(results: &[Measurement]) -> String {
+    let base = |gpus: u32| {
+        results
+            .iter()
+            .find(|m| m.gpus == gpus && m.label.contains("collection only"))
+    };
+    let scraped = |gpus: u32| {
+        results
+            .iter()
+            .find(|m| m.gpus == gpus && m.scrapes > 0 && m.label.starts_with("junction"))
+    };
+    let mut out = String::from(
+        "\n## OTLP export\n\n\
+         OTLP/HTTP protobuf to a counting receiver on loopback, one export a second, not scraped. Bytes\n\
+         are request bodies as sent (gzip or not); data points per export are the series of the same\n\
+         state on `/metrics`. CPU per export is the row's CPU less the collection-only row's, per\n\
+         second (one export a second); CPU per scrape likewise from the scraped row.\n\n\
+         | GPUs | compression | bytes per export | data points | bytes per point | bytes per GPU per export | CPU ms per export | `/metrics` bytes | CPU ms per scrape |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for m in results {
+        let Some((requests, bytes)) = m.otlp else {
+            continue;
+        };
+        let per_export = bytes as f64 / requests.max(1) as f64;
+        let cpu_export = base(m.gpus).map(|b| m.cpu_ms_per_cycle() - b.cpu_ms_per_cycle());
+        let cpu_scrape = match (scraped(m.gpus), base(m.gpus)) {
+            (Some(s), Some(b)) => Some(s.cpu_ms_per_cycle() - b.cpu_ms_per_cycle()),
+            _ => None,
+        };
+        let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
+        out.push_str(&format!(
+            "| {} | {} | {:.0} | {} | {:.2} | {:.0} | {} | {} | {} |\n",
+            m.gpus,
+            if m.label.contains("gzip") { "gzip" } else { "none" },
+            per_export,
+            m.series,
+            per_export / m.series.max(1) as f64,
+            per_export / f64::from(m.gpus.max(1)),
+            fmt(cpu_export),
+            scraped(m.gpus).map_or(0, |s| s.scrape_bytes),
+            fmt(cpu_scrape),
+        ));
+    }
     out
 }
