@@ -84,3 +84,16 @@ fn valid_config_validates() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `[sinks.otlp]` is checked like the rest: a bad URL, protocol or file names its key.
+#[test]
+fn bad_otlp_settings() {
+    check(
+        "[sinks.otlp]\nenabled = true\nendpoint = \"collector:4317\"\nprotocol = \"http/json\"\nca_file = \"/nonexistent/ca.pem\"\n",
+        &[
+            "FILE:3:1: key `sinks.otlp.endpoint`: \"collector:4317\" is not an http:// or https:// URL",
+            "FILE:4:1: key `sinks.otlp.protocol`: \"http/json\": use \"grpc\" or \"http/protobuf\"",
+            "FILE:5:1: key `sinks.otlp.ca_file`",
+        ],
+    );
+}

@@ -602,12 +602,49 @@ fn the_config_file_wins_over_the_environment() {
     let mut agent = Agent::spawn_config_env(
         "h100-training.toml",
         &config(port, "protocol = \"http/protobuf\"\n"),
-        &[("OTEL_EXPORTER_OTLP_ENDPOINT", env_url.as_str())],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", env_url.as_str()),
+            ("K8S_NODE_NAME", "gpu-node-17"),
+        ],
     );
     from_env.wait_for(
         Duration::from_secs(20),
         "metrics at the environment's endpoint",
         |r| !r.metrics.is_empty(),
+    );
+    let res = from_env.with(|r| {
+        r.metrics[0].resource_metrics[0]
+            .resource
+            .clone()
+            .expect("resource")
+    });
+    assert_eq!(
+        attr(&res.attributes, "k8s.node.name"),
+        Some("gpu-node-17"),
+        "from the downward API"
+    );
+    assert!(agent.terminate().success());
+}
+
+/// Events are sent as they happen, not at the metric interval: with metrics every minute,
+/// the flapping GPU's transitions arrive before the first metric export does.
+#[test]
+fn events_do_not_wait_for_the_metric_interval() {
+    let rx = Receiver::start();
+    let config = config(
+        support::free_port(),
+        &format!("endpoint = {:?}\nprotocol = \"grpc\"\n", rx.grpc_url()),
+    )
+    .replace(
+        "[sinks.otlp]\nenabled = true\ninterval_secs = 1\n",
+        "[sinks.otlp]\nenabled = true\ninterval_secs = 60\n",
+    );
+    let mut agent = Agent::spawn_config("flapping.toml", &config);
+    rx.wait_for(Duration::from_secs(30), "an event", |r| !r.logs.is_empty());
+    assert_eq!(
+        rx.with(|r| r.metrics.len()),
+        0,
+        "metrics wait for their interval; events did not"
     );
     assert!(agent.terminate().success());
 }

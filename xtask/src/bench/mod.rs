@@ -63,7 +63,14 @@ pub fn run(smoke: bool) -> Result<()> {
     let mut results = Vec::new();
     // (label, scenario, GPUs, port, scraped, OTLP compression)
     let rows: [(&str, &str, u32, u16, bool, Option<&str>); 8] = [
-        ("junction, 8 GPUs", "h100-training.toml", 8, 19481, true, None),
+        (
+            "junction, 8 GPUs",
+            "h100-training.toml",
+            8,
+            19481,
+            true,
+            None,
+        ),
         (
             "junction, 8 GPUs, collection only (not scraped)",
             "h100-training.toml",
@@ -169,13 +176,7 @@ pub fn run(smoke: bool) -> Result<()> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting nvitop-exporter")?;
-    let mut m = measure(
-        "nvitop-exporter 1.7.2, 8 GPUs",
-        child,
-        19483,
-        window,
-        true,
-    )?;
+    let mut m = measure("nvitop-exporter 1.7.2, 8 GPUs", child, 19483, window, true)?;
     m.gpus = 8;
     results.push(m);
 
@@ -435,7 +436,12 @@ fn otlp_report(results: &[Measurement]) -> String {
          OTLP/HTTP protobuf to a counting receiver on loopback, one export a second, not scraped. Bytes\n\
          are request bodies as sent (gzip or not); data points per export are the series of the same\n\
          state on `/metrics`. CPU per export is the row's CPU less the collection-only row's, per\n\
-         second (one export a second); CPU per scrape likewise from the scraped row.\n\n\
+         second (one export a second); CPU per scrape likewise from the scraped row. An export goes\n\
+         through the OpenTelemetry SDK (observable instruments: per-point attribute hashing and\n\
+         aggregation) and `opentelemetry-otlp` (conversion to protobuf, encoding, gzip): under\n\
+         callgrind, on the 8-GPU node, about 55 % of an export's instructions were the SDK's collect\n\
+         and about 32 % the conversion and encoding; `/metrics` writes text straight from the model.\n\
+         At the default 15 s export interval an 8-GPU export costs well under 0.1 % of a core.\n\n\
          | GPUs | compression | bytes per export | data points | bytes per point | bytes per GPU per export | CPU ms per export | `/metrics` bytes | CPU ms per scrape |\n\
          |---|---|---|---|---|---|---|---|---|\n",
     );
@@ -453,7 +459,11 @@ fn otlp_report(results: &[Measurement]) -> String {
         out.push_str(&format!(
             "| {} | {} | {:.0} | {} | {:.2} | {:.0} | {} | {} | {} |\n",
             m.gpus,
-            if m.label.contains("gzip") { "gzip" } else { "none" },
+            if m.label.contains("gzip") {
+                "gzip"
+            } else {
+                "none"
+            },
             per_export,
             m.series,
             per_export / m.series.max(1) as f64,

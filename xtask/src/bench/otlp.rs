@@ -48,7 +48,10 @@ impl Sink {
 }
 
 /// HTTP/1.1 with keep-alive: each request's body is read and counted, then 200.
-fn serve(conn: std::net::TcpStream, counts: &Mutex<BTreeMap<String, Counts>>) -> std::io::Result<()> {
+fn serve(
+    conn: std::net::TcpStream,
+    counts: &Mutex<BTreeMap<String, Counts>>,
+) -> std::io::Result<()> {
     let mut out = conn.try_clone()?;
     let mut r = BufReader::new(conn);
     loop {
@@ -56,7 +59,11 @@ fn serve(conn: std::net::TcpStream, counts: &Mutex<BTreeMap<String, Counts>>) ->
         if r.read_line(&mut line)? == 0 {
             return Ok(());
         }
-        let path = line.split_whitespace().nth(1).unwrap_or_default().to_string();
+        let path = line
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
         let mut len = 0usize;
         loop {
             let mut h = String::new();
@@ -80,6 +87,8 @@ fn serve(conn: std::net::TcpStream, counts: &Mutex<BTreeMap<String, Counts>>) ->
             e.requests += 1;
             e.bytes += len as u64;
         }
-        out.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")?;
+        out.write_all(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
+        )?;
     }
 }
