@@ -14,6 +14,9 @@ use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 
 mod otlp;
 
+/// One benchmark row: label, scenario, GPUs, port, scraped, OTLP compression (none: no OTLP).
+type Row = (&'static str, &'static str, u32, u16, bool, Option<&'static str>);
+
 /// What one measured process did.
 struct Measurement {
     label: String,
@@ -61,8 +64,7 @@ pub fn run(smoke: bool) -> Result<()> {
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let mut results = Vec::new();
-    // (label, scenario, GPUs, port, scraped, OTLP compression)
-    let rows: [(&str, &str, u32, u16, bool, Option<&str>); 8] = [
+    let rows: [Row; 8] = [
         (
             "junction, 8 GPUs",
             "h100-training.toml",
