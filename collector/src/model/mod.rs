@@ -2,6 +2,7 @@
 //! Sources write into it; sinks read snapshots of it. Sources never talk to sinks.
 
 pub mod events;
+pub mod health;
 pub mod registry;
 pub mod view;
 
@@ -152,10 +153,6 @@ pub struct GpuSlot {
     pub info: GpuInfo,
     /// Latest samples per group (index = [`Group::index`]).
     pub groups: Vec<Arc<Vec<Sample>>>,
-    /// Current state and why.
-    pub state: HealthState,
-    /// Why the state is not ok: a code from a closed set (an attribute value) and a sentence.
-    pub reason: Option<(&'static str, String)>,
     /// Features disabled on this GPU and why (NOT_SUPPORTED, symbol missing).
     pub disabled: BTreeMap<Feature, String>,
     /// An NVML call running past its deadline: the call and since when.
@@ -171,8 +168,6 @@ impl GpuSlot {
         Self {
             info,
             groups: Group::ALL.iter().map(|_| Arc::new(Vec::new())).collect(),
-            state: HealthState::Ok,
-            reason: None,
             disabled: BTreeMap::new(),
             stuck: None,
             timeouts: 0,
@@ -194,6 +189,8 @@ pub struct Model {
     sets: Mutex<Sets>,
     /// Events: health transitions, XIDs, …
     pub events: events::EventLog,
+    /// Why each GPU is not ok.
+    pub health: health::Health,
 }
 
 /// Driver-level identity.
@@ -267,57 +264,38 @@ impl Model {
         lock(&self.sets).values().cloned().collect()
     }
 
-    /// Moves a GPU to `state` for `reason`, recording the transition in the event log
-    /// (nothing happens if the state and reason are unchanged).
-    pub fn set_gpu_state(
+    /// Raises a health reason for the GPU `hw_id` (an event if its state changes).
+    pub fn raise(
         &self,
-        slot: &Mutex<GpuSlot>,
+        hw_id: &str,
+        code: &'static str,
         state: HealthState,
-        reason: Option<(&'static str, String)>,
+        action: &'static str,
+        detail: impl Into<String>,
     ) {
-        let mut s = lock(slot);
-        let code = |r: &Option<(&'static str, String)>| r.as_ref().map(|r| r.0);
-        if s.state == state && code(&s.reason) == code(&reason) {
-            return;
-        }
-        let from = s.state;
-        s.state = state;
-        s.reason = reason;
-        let severity = match state {
-            HealthState::Ok => events::Severity::Info,
-            HealthState::Degraded | HealthState::PredictedFailure => events::Severity::Warn,
-            HealthState::Failed => events::Severity::Error,
+        let reason = health::Reason {
+            code,
+            state,
+            detail: detail.into(),
+            action,
+            since: std::time::SystemTime::now(),
         };
-        let body = match &s.reason {
-            Some((_, why)) => format!(
-                "GPU {} ({}) is {}: {why}",
-                s.info.index,
-                s.info.uuid,
-                state.as_str()
-            ),
-            None => format!(
-                "GPU {} ({}) is {} again (was {})",
-                s.info.index,
-                s.info.uuid,
-                state.as_str(),
-                from.as_str()
-            ),
-        };
-        let mut e = events::NewEvent::now(severity, "hw.status.change", body)
-            .about(s.info.uuid.clone())
-            .with("hw.type", "gpu")
-            .with("hw.state", state.as_str())
-            .with("hw.state.previous", from.as_str());
-        if let Some((code, _)) = &s.reason {
-            e = e.with("gpu.health.reason", *code);
-        }
-        drop(s);
-        self.events.append(e);
+        self.health.raise(&self.events, hw_id, reason);
+    }
+
+    /// Clears a health reason of the GPU `hw_id`.
+    pub fn clear(&self, hw_id: &str, code: &str) {
+        self.health.clear(&self.events, hw_id, code);
     }
 }
 
 /// The samples that describe a slot's state and the agent's view of it (always present).
-pub fn status_samples(slot: &GpuSlot, driver: Option<&DriverInfo>) -> Vec<Sample> {
+pub fn status_samples(
+    slot: &GpuSlot,
+    driver: Option<&DriverInfo>,
+    reasons: &[health::Reason],
+) -> Vec<Sample> {
+    let state = health::verdict(reasons);
     let info = &slot.info;
     let mut out = Vec::with_capacity(8);
     let mut i = Sample::new(Metric::Info, 1.0)
@@ -348,16 +326,16 @@ pub fn status_samples(slot: &GpuSlot, driver: Option<&DriverInfo>) -> Vec<Sample
     out.push(i);
     for s in HealthState::ALL {
         out.push(
-            Sample::new(Metric::Status, f64::from(u8::from(slot.state == s)))
+            Sample::new(Metric::Status, f64::from(u8::from(state == s)))
                 .with("hw.type", "gpu")
                 .with("hw.state", s.as_str()),
         );
     }
-    if let Some((code, _)) = &slot.reason {
+    for r in reasons {
         out.push(
             Sample::new(Metric::HealthReason, 1.0)
                 .with("hw.type", "gpu")
-                .with("gpu.health.reason", *code),
+                .with("gpu.health.reason", r.code),
         );
     }
     out.push(Sample::new(Metric::NvmlTimeouts, slot.timeouts as f64));

@@ -3,8 +3,10 @@
 //! every published sample set. Prometheus and OTLP export the same view, so they agree by
 //! construction.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::health::Reason;
 use super::{DriverInfo, GpuSlot, Metric, Model, REGISTRY, Sample, status_samples};
 
 /// A snapshot of the model and the samples derived from it.
@@ -22,7 +24,8 @@ impl Snapshot {
         let gpus = model.snapshot();
         let driver = model.driver();
         let sources: Vec<(&'static str, bool)> = model.sources().into_iter().collect();
-        let mut snap = Self::of(gpus, driver.as_ref(), &sources, model.sets());
+        let health = model.health.all();
+        let mut snap = Self::of(gpus, driver.as_ref(), &sources, model.sets(), &health);
         for (name, n) in model.events.counts() {
             snap.node
                 .push(Sample::new(Metric::Events, n as f64).with("event.name", name));
@@ -36,8 +39,15 @@ impl Snapshot {
         driver: Option<&DriverInfo>,
         sources: &[(&'static str, bool)],
         sets: Vec<Arc<Vec<Sample>>>,
+        health: &BTreeMap<String, Vec<Reason>>,
     ) -> Self {
-        let per_gpu = gpus.iter().map(|g| status_samples(g, driver)).collect();
+        let per_gpu = gpus
+            .iter()
+            .map(|g| {
+                let reasons = health.get(&g.info.uuid).map_or(&[][..], Vec::as_slice);
+                status_samples(g, driver, reasons)
+            })
+            .collect();
         let mut node = Vec::new();
         for (source, up) in sources {
             node.push(

@@ -15,7 +15,14 @@ use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 mod otlp;
 
 /// One benchmark row: label, scenario, GPUs, port, scraped, OTLP compression (none: no OTLP).
-type Row = (&'static str, &'static str, u32, u16, bool, Option<&'static str>);
+type Row = (
+    &'static str,
+    &'static str,
+    u32,
+    u16,
+    bool,
+    Option<&'static str>,
+);
 
 /// What one measured process did.
 struct Measurement {

@@ -118,7 +118,13 @@ mod tests {
             std::sync::Arc::new(vec![
                 Sample::new(Metric::Power, 612.5).with("hw.type", "gpu"),
             ]);
-        let snap = Snapshot::of(model.snapshot(), None, &[("nvml", true)], Vec::new());
+        let snap = Snapshot::of(
+            model.snapshot(),
+            None,
+            &[("nvml", true)],
+            Vec::new(),
+            &Default::default(),
+        );
         let mut out = String::new();
         render(&snap.view(), &mut out);
         assert!(out.contains("# TYPE hw_power_watts gauge\nhw_power_watts{hw_id=\"GPU-1\",hw_type=\"gpu\"} 612.5\n"), "{out}");

@@ -42,12 +42,17 @@ pub enum Halt {
 }
 
 impl Halt {
-    /// The reason code (a `gpu.health.reason` value) and sentence.
-    fn reason(self) -> (&'static str, &'static str) {
+    /// The reason code (a `gpu.health.reason` value), the action and the sentence.
+    fn reason(self) -> (&'static str, &'static str, &'static str) {
         match self {
-            Halt::Lost => ("gpu_lost", "GPU is lost (fallen off the bus)"),
+            Halt::Lost => (
+                "gpu_lost",
+                "reboot_node",
+                "GPU is lost (fallen off the bus)",
+            ),
             Halt::ResetRequired => (
                 "reset_required",
+                "reset_gpu",
                 "GPU requires a reset (NVML_ERROR_RESET_REQUIRED)",
             ),
         }
@@ -118,18 +123,10 @@ impl<'n> Ctx<'n> {
         };
         // Lock order: busy, then slot (as the watchdog); the slot only when it was marked.
         if was_stuck {
-            let recovered = {
-                let mut slot = lock(&self.slot);
-                match slot.stuck.take() {
-                    Some((call, _)) => {
-                        tracing::warn!(gpu = %self.uuid, call, "NVML call returned after its deadline; GPU collecting again");
-                        slot.state == HealthState::Degraded
-                    }
-                    None => false,
-                }
-            };
-            if recovered {
-                self.model.set_gpu_state(&self.slot, HealthState::Ok, None);
+            let recovered = lock(&self.slot).stuck.take();
+            if let Some((call, _)) = recovered {
+                tracing::warn!(gpu = %self.uuid, call, "NVML call returned after its deadline; GPU collecting again");
+                self.model.clear(&self.uuid, "nvml_call_stuck");
             }
         }
         match r {
@@ -383,7 +380,7 @@ fn watchdog(watched: &[Watched], timeout: Duration, model: &Model) {
             continue;
         }
         busy.stuck = true;
-        let degrade = {
+        let uuid = {
             let mut s = lock(slot);
             if s.stuck.is_some() {
                 continue;
@@ -392,15 +389,13 @@ fn watchdog(watched: &[Watched], timeout: Duration, model: &Model) {
             s.timeouts += 1;
             tracing::error!(gpu = %s.info.uuid, call, timeout_ms = timeout.as_millis() as u64,
                 "NVML call is stuck past its deadline; this GPU's metrics are stale");
-            s.state == HealthState::Ok
+            s.info.uuid.clone()
         };
-        if degrade {
-            let why = format!(
-                "NVML call {call} did not return within {} ms",
-                timeout.as_millis()
-            );
-            model.set_gpu_state(slot, HealthState::Degraded, Some(("nvml_call_stuck", why)));
-        }
+        let why = format!(
+            "NVML call {call} did not return within {} ms",
+            timeout.as_millis()
+        );
+        model.raise(&uuid, "nvml_call_stuck", HealthState::Degraded, "none", why);
     }
 }
 
@@ -419,7 +414,11 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
             mark_failed(
                 &sh.model,
                 &slot,
-                ("gpu_unreachable", format!("cannot open the GPU: {e}")),
+                (
+                    "gpu_unreachable",
+                    "drain_and_service",
+                    format!("cannot open the GPU: {e}"),
+                ),
             );
             finish();
             return;
@@ -485,8 +484,8 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
         }
         if let Some(halt) = halted {
             ctx.gpm = GpmState::default();
-            let (code, why) = halt.reason();
-            mark_failed(&sh.model, &slot, (code, why.into()));
+            let (code, action, why) = halt.reason();
+            mark_failed(&sh.model, &slot, (code, action, why.into()));
             if sh.once {
                 finish();
                 return;
@@ -526,17 +525,25 @@ fn publish(slot: &Mutex<GpuSlot>, group: Group, samples: Vec<Sample>) {
     s.groups[group.index()] = Arc::new(samples);
 }
 
-fn mark_failed(model: &Model, slot: &Mutex<GpuSlot>, reason: (&'static str, String)) {
-    {
+/// The reasons this source raises when a GPU stops answering; cleared when it answers.
+const FAILURES: [&str; 3] = ["gpu_lost", "reset_required", "gpu_unreachable"];
+
+fn mark_failed(
+    model: &Model,
+    slot: &Mutex<GpuSlot>,
+    (code, action, why): (&'static str, &'static str, String),
+) {
+    let uuid = {
         let mut s = lock(slot);
-        if s.state != HealthState::Failed {
-            tracing::error!(gpu = %s.info.uuid, reason = %reason.1, "GPU failed; its metrics are withdrawn until it answers again");
-        }
         for g in &mut s.groups {
             *g = Arc::new(Vec::new());
         }
+        s.info.uuid.clone()
+    };
+    if !model.health.reasons(&uuid).iter().any(|r| r.code == code) {
+        tracing::error!(gpu = %uuid, reason = %why, "GPU failed; its metrics are withdrawn until it answers again");
     }
-    model.set_gpu_state(slot, HealthState::Failed, Some(reason));
+    model.raise(&uuid, code, HealthState::Failed, action, why);
 }
 
 /// Probes a failed GPU with backoff until it answers (its UUID, and a memory read that
@@ -560,7 +567,9 @@ fn wait_for_recovery(ctx: &mut Ctx<'_>, retry_max: Duration, shutdown: &Shutdown
         match probe {
             Ok(()) => {
                 tracing::warn!(gpu = %ctx.uuid, "failed GPU answers again; collecting");
-                ctx.model.set_gpu_state(&ctx.slot, HealthState::Ok, None);
+                for code in FAILURES {
+                    ctx.model.clear(&ctx.uuid, code);
+                }
                 return true;
             }
             Err(e) => {

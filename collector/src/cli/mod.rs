@@ -1,0 +1,178 @@
+//! The commands: `run`, `once` and `inventory`. Sources and sinks come from their tables
+//! (`sources::ALL`, `sinks::ALL`); nothing here knows any one of them.
+
+mod render;
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+use crate::agent::{Ctx, SHUTDOWN_DEADLINE};
+use crate::config::Config;
+use crate::model::Model;
+use crate::shutdown::Shutdown;
+use crate::sinks::prometheus;
+use crate::{Format, InventoryFormat, sinks, sources};
+use render::{inventory_json, inventory_table, json, table};
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("junction-rt")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// `junction run`: start the sinks, then the sources; stop on SIGTERM or SIGINT.
+///
+/// The signal handlers and the sinks come first, so that a slow or hanging source start-up
+/// (NVML takes seconds per GPU without persistence mode) neither hides the endpoint nor
+/// ignores SIGTERM.
+pub fn run(config: Config) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    let result = rt.block_on(serve(Arc::new(config)));
+    // A source still starting (a hung nvmlInit) is not waited for.
+    rt.shutdown_timeout(SHUTDOWN_DEADLINE);
+    result
+}
+
+async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
+    let mut signals = Signals::new();
+    let model = Model::new();
+    let (stop_sources, stop_sinks) = (Shutdown::default(), Shutdown::default());
+    let mut sink_tasks = Vec::new();
+    for sink in sinks::ALL.iter().filter(|s| (s.enabled)(&config)) {
+        let ctx = Ctx {
+            model: model.clone(),
+            shutdown: stop_sinks.clone(),
+        };
+        // A sink that cannot start (a busy port) fails the command, naming what to fix.
+        let task = (sink.start)(config.clone(), ctx).await?;
+        sink_tasks.push((sink.name, task));
+    }
+    let mut source_tasks = Vec::new();
+    for source in sources::ALL.iter().filter(|s| (s.enabled)(&config)) {
+        let ctx = Ctx {
+            model: model.clone(),
+            shutdown: stop_sources.clone(),
+        };
+        match (source.start)(config.clone(), ctx).await {
+            Ok(task) => source_tasks.push((source.name, task)),
+            // One failing source never stops the others.
+            Err(e) => {
+                model.set_source_up(source.name, false);
+                tracing::error!(source = source.name, error = %format!("{e:#}"), "source failed to start; going on without it");
+            }
+        }
+    }
+    signals.wait().await;
+    tracing::info!("shutting down");
+    // Sources first, then the sinks (which may make a final export of what the sources left).
+    stop_sources.trigger();
+    wait_all("source", source_tasks).await;
+    stop_sinks.trigger();
+    wait_all("sink", sink_tasks).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Waits for tasks under [`SHUTDOWN_DEADLINE`]; one that does not stop is left behind.
+async fn wait_all(kind: &str, tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)>) {
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_DEADLINE;
+    for (name, task) in tasks {
+        if tokio::time::timeout_at(deadline, task).await.is_err() {
+            tracing::warn!(
+                kind,
+                name,
+                "did not stop within the shutdown deadline; left behind"
+            );
+        }
+    }
+}
+
+/// SIGTERM and SIGINT, registered as soon as the runtime starts.
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate())
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only"),
+            )
+            .ok();
+        Self { term }
+    }
+
+    async fn wait(&mut self) {
+        match &mut self.term {
+            Some(term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            None => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+}
+
+/// One collection by every enabled source that has one. A source that fails is reported;
+/// the command fails only if nothing could be collected.
+fn collect_once(config: Config) -> anyhow::Result<Arc<Model>> {
+    let config = Arc::new(config);
+    let model = Model::new();
+    let rt = runtime()?;
+    let result = rt.block_on(async {
+        let mut failures = Vec::new();
+        let mut ran = 0;
+        for source in sources::ALL.iter().filter(|s| (s.enabled)(&config)) {
+            let Some(once) = source.once else { continue };
+            ran += 1;
+            if let Err(e) = once(config.clone(), model.clone()).await {
+                failures.push(format!("{} source failed: {e:#}", source.name));
+            }
+        }
+        match (ran, failures.len()) {
+            (0, _) => anyhow::bail!("no source is enabled: nothing to collect"),
+            (n, f) if f == n => anyhow::bail!("{}", failures.join("\n")),
+            _ => {
+                for f in failures {
+                    eprintln!("junction: {f}");
+                }
+                Ok(())
+            }
+        }
+    });
+    rt.shutdown_timeout(SHUTDOWN_DEADLINE);
+    result.map(|()| model)
+}
+
+/// `junction once`: one collection, printed.
+pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
+    let model = collect_once(config)?;
+    let text = match format {
+        Format::Prometheus => prometheus::render(&model),
+        Format::Json => serde_json::to_string_pretty(&json(&model))? + "\n",
+        Format::Table => table(&model),
+    };
+    print!("{text}");
+    Ok(())
+}
+
+/// `junction inventory`: GPUs, supported and disabled features, health.
+pub fn inventory(config: Config, format: InventoryFormat) -> anyhow::Result<()> {
+    let model = collect_once(config)?;
+    match format {
+        InventoryFormat::Json => {
+            println!("{}", serde_json::to_string_pretty(&inventory_json(&model))?)
+        }
+        InventoryFormat::Table => print!("{}", inventory_table(&model)),
+    }
+    Ok(())
+}

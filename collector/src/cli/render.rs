@@ -1,0 +1,237 @@
+//! What `junction once` and `junction inventory` print: a per-GPU table like `nvidia-smi`,
+//! JSON, and the inventory with each GPU's health verdict, reasons and action.
+
+use std::fmt::Write as _;
+
+use crate::model::health::{Reason, action, verdict};
+use crate::model::{GpuSlot, Metric, Model};
+
+/// Metric names that have samples on this GPU.
+fn supported(g: &GpuSlot) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = g
+        .groups
+        .iter()
+        .flat_map(|v| v.iter())
+        .map(|s| s.metric.desc().name)
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+fn health_json(reasons: &[Reason]) -> serde_json::Value {
+    serde_json::json!({
+        "state": verdict(reasons),
+        "action": action(reasons),
+        "reasons": reasons,
+    })
+}
+
+/// `junction once --format json`.
+pub fn json(model: &Model) -> serde_json::Value {
+    let gpus: Vec<_> = model
+        .snapshot()
+        .iter()
+        .map(|g| {
+            let metrics: Vec<_> = g
+                .groups
+                .iter()
+                .flat_map(|v| v.iter())
+                .map(|s| {
+                    let attrs: serde_json::Map<String, serde_json::Value> = s
+                        .attrs
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string().into()))
+                        .collect();
+                    serde_json::json!({ "name": s.metric.desc().name, "unit": s.metric.desc().unit, "attributes": attrs, "value": s.value })
+                })
+                .collect();
+            let reasons = model.health.reasons(&g.info.uuid);
+            serde_json::json!({ "gpu": g.info, "health": health_json(&reasons), "metrics": metrics })
+        })
+        .collect();
+    serde_json::json!({ "driver": model.driver(), "gpus": gpus })
+}
+
+/// `junction inventory --format json`.
+pub fn inventory_json(model: &Model) -> serde_json::Value {
+    let gpus: Vec<_> = model
+        .snapshot()
+        .iter()
+        .map(|g| {
+            let reasons = model.health.reasons(&g.info.uuid);
+            serde_json::json!({
+                "gpu": g.info,
+                "health": health_json(&reasons),
+                "supported_metrics": supported(g),
+                "disabled": g.disabled,
+            })
+        })
+        .collect();
+    serde_json::json!({ "driver": model.driver(), "gpus": gpus })
+}
+
+/// `junction inventory`.
+pub fn inventory_table(model: &Model) -> String {
+    let mut out = String::new();
+    if let Some(d) = model.driver() {
+        let _ = writeln!(
+            out,
+            "Driver {}  CUDA {}  NVML {}",
+            d.driver_version,
+            d.cuda_version.unwrap_or_default(),
+            d.nvml_version.unwrap_or_default()
+        );
+    }
+    for g in &model.snapshot() {
+        let i = &g.info;
+        let reasons = model.health.reasons(&i.uuid);
+        let _ = writeln!(out, "\nGPU {}  {}  {}", i.index, i.uuid, i.name);
+        let _ = writeln!(
+            out,
+            "  pci {}  serial {}  minor {}  vbios {}",
+            i.pci_bus_id,
+            i.serial.as_deref().unwrap_or("-"),
+            i.minor_number
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "-".into()),
+            i.vbios.as_deref().unwrap_or("-"),
+        );
+        let _ = writeln!(
+            out,
+            "  health {}  action {}",
+            verdict(&reasons).as_str(),
+            action(&reasons)
+        );
+        for r in &reasons {
+            let _ = writeln!(out, "    {} ({}): {}", r.code, r.state.as_str(), r.detail);
+        }
+        let _ = writeln!(out, "  supported: {}", supported(g).join(", "));
+        if g.disabled.is_empty() {
+            let _ = writeln!(out, "  disabled: none");
+        } else {
+            let _ = writeln!(out, "  disabled:");
+            for (feature, why) in &g.disabled {
+                let _ = writeln!(out, "    {feature}: {why}");
+            }
+        }
+    }
+    out
+}
+
+/// The value of `metric` on a GPU whose attributes match `attrs`.
+fn find(g: &GpuSlot, metric: Metric, attrs: &[(&str, &str)]) -> Option<f64> {
+    g.groups
+        .iter()
+        .flat_map(|v| v.iter())
+        .find(|s| s.metric == metric && attrs.iter().all(|(k, v)| s.attr(k) == Some(v)))
+        .map(|s| s.value)
+}
+
+fn fmt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "-".into())
+}
+
+/// A per-GPU table like `nvidia-smi`, with each GPU's health.
+pub fn table(model: &Model) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let mut out = String::new();
+    if let Some(d) = model.driver() {
+        let _ = writeln!(
+            out,
+            "Driver {}  CUDA {}",
+            d.driver_version,
+            d.cuda_version.unwrap_or_default()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:>3}  {:<24} {:<13} {:>5} {:>5} {:>13} {:>19} {:>5} {:>8}  Health",
+        "GPU", "Name", "Bus-Id", "Temp", "HBM", "Power/Cap", "Memory-Usage", "Util", "SM-Clock",
+    );
+    let snap = model.snapshot();
+    for g in &snap {
+        let temp = find(g, Metric::Temperature, &[("hw.sensor_location", "gpu_die")]);
+        let hbm = find(
+            g,
+            Metric::Temperature,
+            &[("hw.sensor_location", "memory_junction")],
+        );
+        let power = find(g, Metric::Power, &[]);
+        let cap = find(
+            g,
+            Metric::PowerLimit,
+            &[("gpu.power.limit_type", "enforced")],
+        );
+        let used = find(g, Metric::MemoryUsage, &[]);
+        let total = find(g, Metric::MemoryLimit, &[]);
+        let util = find(g, Metric::Utilization, &[("hw.gpu.task", "general")]);
+        let sm = find(g, Metric::ClockFrequency, &[("gpu.clock.domain", "sm")]);
+        let mut name = g.info.name.clone();
+        name.truncate(24);
+        let reasons = model.health.reasons(&g.info.uuid);
+        let _ = writeln!(
+            out,
+            "{:>3}  {:<24} {:<13} {:>5} {:>5} {:>13} {:>19} {:>5} {:>8}  {}",
+            g.info.index,
+            name,
+            g.info.pci_bus_id,
+            fmt(temp, |v| format!("{v:.0}C")),
+            fmt(hbm, |v| format!("{v:.0}C")),
+            format!(
+                "{}/{}",
+                fmt(power, |v| format!("{v:.0}W")),
+                fmt(cap, |v| format!("{v:.0}W"))
+            ),
+            format!(
+                "{}/{}",
+                fmt(used, |v| format!("{:.0}MiB", v / MIB)),
+                fmt(total, |v| format!("{:.0}MiB", v / MIB))
+            ),
+            fmt(util, |v| format!("{:.0}%", v * 100.0)),
+            fmt(sm, |v| format!("{:.0}MHz", v / 1e6)),
+            verdict(&reasons).as_str(),
+        );
+    }
+    let procs: Vec<_> = snap
+        .iter()
+        .flat_map(|g| {
+            g.groups
+                .iter()
+                .flat_map(|v| v.iter())
+                .filter(|s| s.metric == Metric::ProcessMemory)
+                .map(move |s| (g, s))
+        })
+        .collect();
+    if !procs.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nProcesses:\n{:>3}  {:>8}  {:<9} {:<24} {:>12}",
+            "GPU", "PID", "Type", "Name", "GPU Memory"
+        );
+        for (g, s) in procs {
+            let _ = writeln!(
+                out,
+                "{:>3}  {:>8}  {:<9} {:<24} {:>9.0}MiB",
+                g.info.index,
+                s.attr("process.pid").unwrap_or("-"),
+                s.attr("gpu.process.type").unwrap_or("-"),
+                s.attr("process.executable.name").unwrap_or("-"),
+                s.value / MIB
+            );
+        }
+    }
+    for g in &snap {
+        for r in model.health.reasons(&g.info.uuid) {
+            let _ = writeln!(
+                out,
+                "GPU {}: {} ({}; action: {})",
+                g.info.index,
+                r.detail,
+                r.state.as_str(),
+                r.action
+            );
+        }
+    }
+    out
+}

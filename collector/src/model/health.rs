@@ -1,0 +1,207 @@
+//! Per-GPU health: the active reasons, each raised and cleared by whoever knows (the NVML
+//! source: lost, reset required, stuck; the kernel log: Xid 79, the recovery action of Xid
+//! 154; the health rules: thresholds, forecasts). A GPU's `hw.status` is the worst state among
+//! its reasons. Reasons are keyed by `hw.id`, so a source can raise one before NVML has
+//! listed the GPU (the kernel log is read from boot). Every change of a GPU's state is an
+//! event.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use super::events::{EventLog, NewEvent, Severity};
+use super::{HealthState, lock};
+
+/// One reason a GPU is not ok.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Reason {
+    /// A code from a closed set (`gpu.health.reason`): `gpu_lost`, `xid_79`, …
+    pub code: &'static str,
+    /// The state it puts the GPU in.
+    pub state: HealthState,
+    /// A sentence for the operator.
+    pub detail: String,
+    /// The action it calls for (`gpu.health.action`): `none`, `restart_app`, `reset_gpu`,
+    /// `reboot_node`, `drain_and_service`.
+    pub action: &'static str,
+    /// Since when.
+    #[serde(skip)]
+    pub since: SystemTime,
+}
+
+impl HealthState {
+    /// Severity order: ok < degraded < predicted_failure < failed.
+    fn rank(self) -> u8 {
+        match self {
+            HealthState::Ok => 0,
+            HealthState::Degraded => 1,
+            HealthState::PredictedFailure => 2,
+            HealthState::Failed => 3,
+        }
+    }
+}
+
+/// The reasons of every GPU, by `hw.id`.
+#[derive(Debug, Default)]
+pub struct Health {
+    reasons: std::sync::Mutex<BTreeMap<String, BTreeMap<&'static str, Reason>>>,
+}
+
+/// The worst state among reasons.
+pub fn verdict<'a>(reasons: impl IntoIterator<Item = &'a Reason>) -> HealthState {
+    reasons
+        .into_iter()
+        .map(|r| r.state)
+        .max_by_key(|s| s.rank())
+        .unwrap_or(HealthState::Ok)
+}
+
+/// The most urgent action among reasons.
+pub fn action<'a>(reasons: impl IntoIterator<Item = &'a Reason>) -> &'static str {
+    let rank = |a: &str| match a {
+        "drain_and_service" => 5,
+        "reboot_node" => 4,
+        "reset_gpu" => 3,
+        "restart_app" => 2,
+        _ => 0,
+    };
+    reasons
+        .into_iter()
+        .map(|r| r.action)
+        .max_by_key(|a| rank(a))
+        .unwrap_or("none")
+}
+
+impl Health {
+    /// Raises (or updates) a reason; returns true if the GPU's state changed.
+    pub fn raise(&self, events: &EventLog, hw_id: &str, reason: Reason) -> bool {
+        let mut all = lock(&self.reasons);
+        let entry = all.entry(hw_id.to_string()).or_default();
+        let before = verdict(entry.values());
+        let new = !entry.contains_key(reason.code);
+        let reason = match entry.get(reason.code) {
+            // Keep when it started; take the newer sentence.
+            Some(old) => Reason {
+                since: old.since,
+                ..reason
+            },
+            None => reason,
+        };
+        let code = reason.code;
+        entry.insert(code, reason);
+        let after = verdict(entry.values());
+        if before != after || new {
+            let r = &entry[code];
+            let e = transition(hw_id, before, after, r.detail.clone(), Some(r));
+            drop(all);
+            events.append(e);
+        }
+        before != after
+    }
+
+    /// Clears a reason; returns true if the GPU's state changed.
+    pub fn clear(&self, events: &EventLog, hw_id: &str, code: &str) -> bool {
+        let mut all = lock(&self.reasons);
+        let Some(entry) = all.get_mut(hw_id) else {
+            return false;
+        };
+        let before = verdict(entry.values());
+        let Some(gone) = entry.remove(code) else {
+            return false;
+        };
+        let after = verdict(entry.values());
+        let body = format!("{} cleared: {}", gone.code, gone.detail);
+        let e = transition(hw_id, before, after, body, None).with("gpu.health.reason", gone.code);
+        if entry.is_empty() {
+            all.remove(hw_id);
+        }
+        drop(all);
+        events.append(e);
+        before != after
+    }
+
+    /// A GPU's reasons, most severe first.
+    pub fn reasons(&self, hw_id: &str) -> Vec<Reason> {
+        let mut v: Vec<Reason> = lock(&self.reasons)
+            .get(hw_id)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        v.sort_by_key(|r| std::cmp::Reverse(r.state.rank()));
+        v
+    }
+
+    /// Every GPU's reasons.
+    pub fn all(&self) -> BTreeMap<String, Vec<Reason>> {
+        lock(&self.reasons)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.values().cloned().collect()))
+            .collect()
+    }
+}
+
+/// The event for a raised or cleared reason.
+fn transition(
+    hw_id: &str,
+    before: HealthState,
+    after: HealthState,
+    body: String,
+    raised: Option<&Reason>,
+) -> NewEvent {
+    let severity = match (after, raised.map(|r| r.state)) {
+        (HealthState::Failed, _) => Severity::Error,
+        (HealthState::Ok, _) => Severity::Info,
+        _ => Severity::Warn,
+    };
+    let body = if before == after {
+        format!("GPU {hw_id} stays {}: {body}", after.as_str())
+    } else {
+        format!(
+            "GPU {hw_id} is {} (was {}): {body}",
+            after.as_str(),
+            before.as_str()
+        )
+    };
+    let mut e = NewEvent::now(severity, "hw.status.change", body)
+        .about(hw_id.to_string())
+        .with("hw.type", "gpu")
+        .with("hw.state", after.as_str())
+        .with("hw.state.previous", before.as_str());
+    if let Some(r) = raised {
+        e = e
+            .with("gpu.health.reason", r.code)
+            .with("gpu.health.action", r.action);
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(code: &'static str, state: HealthState) -> Reason {
+        Reason {
+            code,
+            state,
+            detail: code.into(),
+            action: "none",
+            since: SystemTime::now(),
+        }
+    }
+
+    #[test]
+    fn the_worst_reason_decides_and_every_change_is_an_event() {
+        let (h, log) = (Health::default(), EventLog::new(16));
+        assert!(h.raise(
+            &log,
+            "GPU-1",
+            reason("nvml_call_stuck", HealthState::Degraded)
+        ));
+        assert!(h.raise(&log, "GPU-1", reason("xid_79", HealthState::Failed)));
+        assert_eq!(verdict(&h.reasons("GPU-1")), HealthState::Failed);
+        assert!(!h.clear(&log, "GPU-1", "nvml_call_stuck"), "still failed");
+        assert!(h.clear(&log, "GPU-1", "xid_79"));
+        assert!(h.reasons("GPU-1").is_empty());
+        assert_eq!(log.head(), 4, "two raises, two clears");
+        assert!(!h.clear(&log, "GPU-1", "xid_79"), "nothing to clear");
+        assert_eq!(log.head(), 4);
+    }
+}
