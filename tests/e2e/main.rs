@@ -5,6 +5,7 @@ mod support;
 
 mod config_errors;
 mod faults;
+mod kmsg;
 mod otlp;
 mod quirks;
 mod values;

@@ -40,6 +40,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     let mut signals = Signals::new();
     let model = Model::new();
+    model.open_state(&config.state_dir, &config.proc_root);
     let (stop_sources, stop_sinks) = (Shutdown::default(), Shutdown::default());
     let mut sink_tasks = Vec::new();
     for sink in sinks::ALL.iter().filter(|s| (s.enabled)(&config)) {

@@ -55,6 +55,7 @@ impl std::fmt::Debug for SecretMap {
 
 impl Describe for SecretMap {}
 
+impl<T> Describe for Vec<T> {}
 impl Describe for bool {}
 impl Describe for u32 {}
 impl Describe for u64 {}
@@ -108,6 +109,11 @@ config_section! {
         /// Process names and container ids are read there; NVML and eBPF report host pids,
         /// so a container needs the host's pid namespace (`hostPID`). Default: "/proc".
         pub proc_root: PathBuf = PathBuf::from("/proc"),
+        /// Where the little state that survives a restart is kept (the kernel-log
+        /// checkpoint, XID counters, health reasons that hold until a reset or reboot),
+        /// written atomically. Unwritable: a warning, and every restart starts clean.
+        /// Default: "/var/lib/junction".
+        pub state_dir: PathBuf = PathBuf::from("/var/lib/junction"),
         /// Where data comes from.
         pub sources: Sources = Sources::default(),
         /// Where data goes.
@@ -120,6 +126,8 @@ config_section! {
     pub struct Sources {
         /// NVML: per-GPU and per-MIG-instance state, polled on dedicated threads.
         pub nvml: crate::sources::nvml::NvmlConfig = Default::default(),
+        /// The kernel log: XID and SXid errors from /dev/kmsg and kernel-log files.
+        pub kmsg: crate::sources::kmsg::KmsgConfig = Default::default(),
     }
 }
 
@@ -172,6 +180,7 @@ impl Config {
             });
         }
         self.sources.nvml.validate("sources.nvml", &mut out);
+        self.sources.kmsg.validate("sources.kmsg", &mut out);
         self.sinks.otlp.validate("sinks.otlp", &mut out);
         out
     }

@@ -19,10 +19,6 @@ pub enum Severity {
     /// Something failed.
     Error,
     /// The node needs an operator now.
-    #[expect(
-        dead_code,
-        reason = "raised by the kernel-log source (fallen off the bus)"
-    )]
     Fatal,
 }
 

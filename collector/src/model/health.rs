@@ -119,6 +119,14 @@ impl Health {
         before != after
     }
 
+    /// Puts back a reason saved before a restart, without an event (it is not news).
+    pub fn restore(&self, hw_id: &str, reason: Reason) {
+        lock(&self.reasons)
+            .entry(hw_id.to_string())
+            .or_default()
+            .insert(reason.code, reason);
+    }
+
     /// A GPU's reasons, most severe first.
     pub fn reasons(&self, hw_id: &str) -> Vec<Reason> {
         let mut v: Vec<Reason> = lock(&self.reasons)

@@ -4,7 +4,10 @@
 pub mod events;
 pub mod health;
 pub mod registry;
+pub mod state;
 pub mod view;
+pub mod xid;
+pub mod xid_catalog;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -191,6 +194,10 @@ pub struct Model {
     pub events: events::EventLog,
     /// Why each GPU is not ok.
     pub health: health::Health,
+    /// XID counters and checkpoints.
+    pub xids: xid::Xids,
+    /// Set once the GPU inventory is known (NVML has listed the GPUs, or failed to).
+    inventory: (Mutex<bool>, std::sync::Condvar),
 }
 
 /// Driver-level identity.
@@ -221,6 +228,24 @@ impl Model {
         let slot = Arc::new(Mutex::new(GpuSlot::new(info)));
         lock(&self.gpus).push(slot.clone());
         slot
+    }
+
+    /// Says that the GPU inventory is known (or will not be): what maps PCI addresses to
+    /// GPUs may start.
+    pub fn set_inventory_known(&self) {
+        *lock(&self.inventory.0) = true;
+        self.inventory.1.notify_all();
+    }
+
+    /// Waits until the GPU inventory is known, at most `limit`; true if it is.
+    pub fn wait_inventory(&self, limit: std::time::Duration) -> bool {
+        let g = lock(&self.inventory.0);
+        let (g, _) = self
+            .inventory
+            .1
+            .wait_timeout_while(g, limit, |known| !*known)
+            .unwrap_or_else(|e| e.into_inner());
+        *g
     }
 
     /// Records driver identity.

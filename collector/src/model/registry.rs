@@ -220,6 +220,16 @@ registry! {
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_PCIE_TX/RX_PER_SEC) (MiB/s)", "PCIe bytes per second over the GPM interval.";
     GpmNvlinkThroughput = "gpu.gpm.nvlink.throughput", "By/s", Gauge, ["network.io.direction", "gpu.mig.gpu_instance_id"], Gpm,
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX/RX_PER_SEC) (MiB/s)", "NVLink bytes per second over the GPM interval, all links.";
+    XidErrors = "gpu.xid.errors", "{error}", Counter, ["gpu.xid", "gpu.xid.category"], Errors,
+        "kernel log (NVRM: Xid lines, /dev/kmsg or files), nvmlEventSetWait(NVML_EVENT_TYPE_XID_CRITICAL_ERROR)", "XID errors per GPU and code, counted once across paths; kept across agent restarts, reset at reboot. A GPU the inventory does not know has hw.id PCI-dddd:bb:dd.";
+    XidLast = "gpu.xid.last_time", "s", Gauge, [], Errors,
+        "kernel log, NVML events", "Unix time of the last XID on the GPU.";
+    SxidErrors = "gpu.sxid.errors", "{error}", Counter, ["hw.type", "gpu.sxid", "gpu.sxid.severity"], Errors,
+        "kernel log (nvidia-nvswitch SXid lines)", "NVSwitch SXid errors per switch (hw.id NVSwitch-PCI-…), code and severity; companion lines are not counted.";
+    KmsgRecords = "junction.kmsg.records", "{record}", Counter, ["junction.input"], Status,
+        "agent", "Kernel-log records read: /dev/kmsg records or file lines.";
+    KmsgLost = "junction.kmsg.lost", "{record}", Counter, [], Status,
+        "agent", "/dev/kmsg records overwritten before they were read (EPIPE: sequence gaps) or too large to read.";
     SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,
         "agent", "1 while a source is running and answering.";
     SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage"], Status,

@@ -2,9 +2,10 @@
 //! loudly) and then run (a loop that never dies on one bad read). Each has a folder and one
 //! line in [`ALL`].
 
+pub mod kmsg;
 pub mod nvml;
 
 use crate::agent::Component;
 
 /// Every source, in start order.
-pub const ALL: &[Component] = &[nvml::COMPONENT];
+pub const ALL: &[Component] = &[nvml::COMPONENT, kmsg::COMPONENT];

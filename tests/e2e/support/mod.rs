@@ -83,8 +83,9 @@ pub fn empty_proc() -> PathBuf {
 /// A config that points at the simulator and collects every group every second.
 pub fn sim_config(variant: &str, port: u16, extra: &str) -> String {
     let mut s = format!(
-        "proc_root = {:?}\n\n[sources.nvml]\nlibrary = {:?}\ncall_timeout_ms = 500\n{extra}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
+        "proc_root = {:?}\nstate_dir = {:?}\n\n[sources.nvml]\nlibrary = {:?}\ncall_timeout_ms = 500\n{extra}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
         empty_proc().display().to_string(),
+        temp_dir().join("state").display().to_string(),
         sim_lib(variant).display().to_string()
     );
     for g in [
@@ -127,7 +128,12 @@ impl Agent {
     /// waiting for anything.
     pub fn spawn(scenario_name: &str, variant: &str, extra: &str) -> Agent {
         let port = free_port();
-        Agent::spawn_with(scenario_name, &sim_config(variant, port, extra), port, &[])
+        Agent::spawn_with(
+            &scenario(scenario_name),
+            &sim_config(variant, port, extra),
+            port,
+            &[],
+        )
     }
 
     /// Starts `junction run` on a scenario with a config of its own (made with
@@ -138,17 +144,22 @@ impl Agent {
 
     /// [`Agent::spawn_config`] with environment variables.
     pub fn spawn_config_env(scenario_name: &str, config: &str, env: &[(&str, &str)]) -> Agent {
+        Agent::spawn_config_path(&scenario(scenario_name), config, env)
+    }
+
+    /// [`Agent::spawn_config_env`] with a scenario file anywhere.
+    pub fn spawn_config_path(scenario_path: &Path, config: &str, env: &[(&str, &str)]) -> Agent {
         let port = config
             .split("listen = \"127.0.0.1:")
             .nth(1)
             .and_then(|r| r.split('"').next())
             .and_then(|p| p.parse().ok())
             .expect("a sim_config with a listen port");
-        Agent::spawn_with(scenario_name, config, port, env)
+        Agent::spawn_with(scenario_path, config, port, env)
     }
 
     fn spawn_with(
-        scenario_name: &str,
+        scenario_path: &Path,
         config_text: &str,
         port: u16,
         env: &[(&str, &str)],
@@ -158,7 +169,7 @@ impl Agent {
         std::fs::write(&config, config_text).expect("write config");
         let stderr = dir.join("stderr.log");
         let child = junction()
-            .env("JUNCTION_NVML_SIM_SCENARIO", scenario(scenario_name))
+            .env("JUNCTION_NVML_SIM_SCENARIO", scenario_path)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
             .arg("--config")

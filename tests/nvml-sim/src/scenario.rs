@@ -80,6 +80,8 @@ pub struct GpuSpec {
     pub serial: Option<String>,
     /// PCI bus number (the `bb` of `0000:bb:00.0`); defaults to 0x10 + index.
     pub pci_bus: Option<u32>,
+    /// PCI domain (the `dddd` of `dddd:bb:00.0`); defaults to 0.
+    pub pci_domain: Option<u32>,
     pub pci_device_id: Option<u32>,
     pub minor_number: Option<u32>,
     pub vbios_version: Option<String>,
@@ -267,6 +269,7 @@ pub struct Gpu {
     pub uuid: String,
     pub serial: String,
     pub pci_bus: u32,
+    pub pci_domain: u32,
     pub pci_device_id: u32,
     pub minor_number: u32,
     pub vbios_version: String,
@@ -286,7 +289,7 @@ impl Gpu {
 
     /// PCI bus id as NVML prints it (`00000000:bb:00.0`).
     pub fn bus_id(&self) -> String {
-        format!("00000000:{:02X}:00.0", self.pci_bus)
+        format!("{:08X}:{:02X}:00.0", self.pci_domain, self.pci_bus)
     }
 }
 
@@ -352,6 +355,7 @@ impl Scenario {
                             )
                         }),
                     pci_bus: o.pci_bus.or(d.pci_bus.map(|b| b + i)).unwrap_or(0x10 + i),
+                    pci_domain: o.pci_domain.or(d.pci_domain).unwrap_or(0),
                     pci_device_id: o.pci_device_id.or(d.pci_device_id).unwrap_or(0x2330_10de),
                     minor_number: o.minor_number.unwrap_or(i),
                     vbios_version: o

@@ -240,9 +240,12 @@ unsafe fn pci_info(g: &crate::scenario::Gpu, pci: *mut nvmlPciInfo_t) -> nvmlRet
             *d = b as c_char;
         }
     };
-    fill(&mut p.busIdLegacy, &format!("0000:{:02X}:00.0", g.pci_bus));
+    fill(
+        &mut p.busIdLegacy,
+        &format!("{:04X}:{:02X}:00.0", g.pci_domain, g.pci_bus),
+    );
     fill(&mut p.busId, &g.bus_id());
-    p.domain = 0;
+    p.domain = g.pci_domain;
     p.bus = g.pci_bus;
     p.device = 0;
     p.pciDeviceId = g.pci_device_id;

@@ -14,6 +14,7 @@
 //! falls off the bus or needs a reset is reported failed and probed with backoff.
 
 mod collect;
+mod events;
 mod report;
 mod worker;
 
@@ -54,6 +55,9 @@ config_section! {
         /// Features a GPU answered NOT_SUPPORTED for are tried again this often (and at once
         /// when MIG mode or the GPU's state changes). Default: 600.
         pub reprobe_interval_secs: u64 = 600,
+        /// Also take XIDs from NVML events (nvmlEventSetWait), a second path beside the kernel
+        /// log; an XID seen by both is counted once. Default: true.
+        pub xid_events: bool = true,
         /// Metric groups, each enabled and scheduled on its own. A training node wants
         /// seconds; an inference node tolerates tens of seconds.
         pub groups: GroupsConfig = GroupsConfig::default(),
@@ -224,15 +228,21 @@ async fn run(config: Arc<Config>, ctx: Ctx) {
     let build = tokio::task::spawn_blocking(move || {
         NvmlSource::build(&config.sources.nvml, &config.proc_root, model).map(|s| s.start(shutdown))
     });
+    let model = ctx.model.clone();
     let workers = tokio::select! {
         built = build => match built {
-            Ok(Ok(w)) => w,
+            Ok(Ok(w)) => {
+                model.set_inventory_known();
+                w
+            }
             Ok(Err(e)) => {
+                model.set_inventory_known();
                 // One failing source never stops the others: report it and go on.
                 tracing::error!(error = %e, "NVML source failed to start; serving without it");
                 return;
             }
             Err(e) => {
+                model.set_inventory_known();
                 tracing::error!(error = %e, "NVML start-up task failed; serving without it");
                 return;
             }
@@ -329,8 +339,19 @@ impl NvmlSource {
         })
     }
 
-    /// Starts one thread per GPU and the deadline watchdog.
+    /// Starts one thread per GPU, the deadline watchdog and (with `xid_events`) the NVML
+    /// event thread.
     pub fn start(self, shutdown: Shutdown) -> Workers {
+        if self.config.xid_events {
+            let (nvml, model, sd) = (self.nvml.clone(), self.model.clone(), shutdown.clone());
+            let gpus = self.gpus.len() as u32;
+            let spawned = std::thread::Builder::new()
+                .name("nvml-events".into())
+                .spawn(move || events::run(&nvml, &model, gpus, &sd));
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start the NVML event thread");
+            }
+        }
         worker::start(
             self.nvml,
             self.model,

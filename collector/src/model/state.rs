@@ -1,0 +1,148 @@
+//! The state directory: the little that survives a restart (the kernel-log checkpoint, the
+//! XID counters, health reasons that hold until a reset or reboot), one JSON file per owner,
+//! written atomically (a temporary file, fsync, rename). A missing, unwritable or corrupt
+//! directory is a warning and a clean start, never a crash.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::lock;
+
+/// How often a failing write may log again.
+const WARN_EVERY: Duration = Duration::from_secs(600);
+
+/// The state directory (or none, when it cannot be used).
+#[derive(Debug, Default)]
+pub struct StateDir {
+    dir: Option<PathBuf>,
+    warned: Mutex<Option<Instant>>,
+}
+
+impl StateDir {
+    /// Opens (creating it if needed) the directory; warns and keeps no state if it cannot.
+    pub fn open(dir: &Path) -> Self {
+        let usable = std::fs::create_dir_all(dir).and_then(|()| {
+            let probe = dir.join(".junction-write-test");
+            std::fs::write(&probe, b"")?;
+            std::fs::remove_file(&probe)
+        });
+        match usable {
+            Ok(()) => Self {
+                dir: Some(dir.to_path_buf()),
+                warned: Mutex::new(None),
+            },
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "state directory is not writable (state_dir): starting clean, and a restart will start clean again (XID counters restart at 0, the kernel log is read again from boot)");
+                Self::default()
+            }
+        }
+    }
+
+    /// The directory, if usable.
+    #[cfg(test)]
+    pub fn path(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// Reads `<name>.json`; `None` if absent, unusable or corrupt (corrupt: warned).
+    pub fn load<T: DeserializeOwned>(&self, name: &str) -> Option<T> {
+        let path = self.dir.as_ref()?.join(format!("{name}.json"));
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read saved state; starting clean");
+                return None;
+            }
+        };
+        match serde_json::from_slice(&bytes) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "saved state is corrupt; starting clean (it will be rewritten)");
+                None
+            }
+        }
+    }
+
+    /// Writes `<name>.json` atomically. Failures are logged at most once per 10 minutes.
+    pub fn store<T: Serialize>(&self, name: &str, value: &T) {
+        let Some(dir) = &self.dir else { return };
+        let path = dir.join(format!("{name}.json"));
+        let tmp = dir.join(format!(".{name}.json.{}.tmp", std::process::id()));
+        let result = (|| -> std::io::Result<()> {
+            let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+            {
+                use std::io::Write;
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(&bytes)?;
+                f.sync_all()?;
+            }
+            std::fs::rename(&tmp, &path)?;
+            // The rename is durable once the directory is.
+            if let Ok(d) = std::fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            let mut warned = lock(&self.warned);
+            if warned.is_none_or(|t| t.elapsed() > WARN_EVERY) {
+                *warned = Some(Instant::now());
+                tracing::warn!(file = %path.display(), error = %e, "cannot save state; a restart may count kernel-log events again");
+            }
+        }
+    }
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), empty if unreadable.
+pub fn boot_id(proc_root: &Path) -> String {
+    std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id"))
+        .or_else(|_| std::fs::read_to_string("/proc/sys/kernel/random/boot_id"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("junction-state-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn round_trip_and_corrupt_files_start_clean() {
+        let d = dir("rt");
+        let s = StateDir::open(&d);
+        assert_eq!(s.load::<Vec<u32>>("x"), None);
+        s.store("x", &vec![1u32, 2, 3]);
+        assert_eq!(s.load::<Vec<u32>>("x"), Some(vec![1, 2, 3]));
+        std::fs::write(d.join("x.json"), b"{not json").expect("write");
+        assert_eq!(s.load::<Vec<u32>>("x"), None);
+        let leftovers: Vec<_> = std::fs::read_dir(&d)
+            .expect("dir")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn an_unusable_directory_keeps_no_state() {
+        let f = dir("file");
+        std::fs::write(&f, b"a file, not a directory").expect("write");
+        let s = StateDir::open(&f);
+        assert!(s.path().is_none());
+        s.store("x", &1u32);
+        assert_eq!(s.load::<u32>("x"), None);
+        let _ = std::fs::remove_file(&f);
+    }
+}

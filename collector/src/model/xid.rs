@@ -1,0 +1,648 @@
+//! XIDs and SXids as the model keeps them, whichever path reported them (the kernel log, a
+//! log file, NVML events): a counter per (GPU, XID) that survives restarts, the time of the
+//! last XID per GPU, one event per occurrence, and the health reasons that hold until a
+//! reset or reboot (Xid 79; Xid 154's recovery action). The same XID on the same GPU seen by
+//! two paths within [`DEDUP_WINDOW`] counts once. Counters, the inputs' checkpoints and the
+//! held reasons are saved together, atomically, so that a restart neither counts an event
+//! twice nor misses one; a new boot starts clean.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::events::{NewEvent, Severity};
+use super::health::Reason;
+use super::state::StateDir;
+use super::xid_catalog::{self, Category};
+use super::{AttrValue, HealthState, Metric, Model, Sample, lock};
+
+/// Reports of one XID on one GPU from two paths within this window are one occurrence.
+pub const DEDUP_WINDOW: Duration = Duration::from_secs(10);
+/// Counters kept for GPUs the inventory does not know (by PCI address), at most.
+const MAX_UNKNOWN: usize = 32;
+/// Saved state is written at most this often (and at shutdown).
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// Which path reported an XID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// `/dev/kmsg`.
+    Kmsg,
+    /// A kernel-log file.
+    File,
+    /// `nvmlEventSetWait`.
+    Nvml,
+}
+
+impl Via {
+    /// `junction.xid.source`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Kmsg => "kmsg",
+            Via::File => "file",
+            Via::Nvml => "nvml",
+        }
+    }
+}
+
+/// What a path saw.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The path.
+    pub via: Via,
+    /// A fallen-off-the-bus line without an Xid (counted as Xid 79).
+    pub bus_line: bool,
+    /// The GPU's PCI address, `dddd:bb:dd`.
+    pub pci: Option<String>,
+    /// The GPU's UUID when the path knows it (NVML).
+    pub uuid: Option<String>,
+    /// The XID.
+    pub code: u32,
+    /// When it happened.
+    pub time: SystemTime,
+    /// The process the driver named.
+    pub pid: Option<u32>,
+    /// Its name, if the line gave one.
+    pub process: Option<String>,
+    /// MIG GPU instance.
+    pub gpu_instance: Option<u32>,
+    /// MIG compute instance.
+    pub compute_instance: Option<u32>,
+    /// The whole message.
+    pub message: String,
+    /// Details decoded from the message.
+    pub attrs: Vec<(&'static str, AttrValue)>,
+    /// NVLink5 lines say Fatal or Nonfatal themselves.
+    pub fatal: Option<bool>,
+    /// Xid 154: the new recovery action.
+    pub recovery_action: Option<u32>,
+}
+
+/// An input's position in a file.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FileCursor {
+    /// The file's inode when read.
+    pub inode: u64,
+    /// Bytes consumed.
+    pub offset: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct SavedReason {
+    code: String,
+    failed: bool,
+    action: String,
+    detail: String,
+}
+
+/// What is saved.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct Saved {
+    boot_id: String,
+    kmsg_next_seq: u64,
+    files: BTreeMap<String, FileCursor>,
+    counters: BTreeMap<String, BTreeMap<u32, u64>>,
+    last: BTreeMap<String, f64>,
+    sxid: BTreeMap<String, BTreeMap<String, u64>>,
+    reasons: BTreeMap<String, Vec<SavedReason>>,
+}
+
+#[derive(Debug)]
+struct Recent {
+    id: String,
+    code: u32,
+    via: Via,
+    bus_line: bool,
+    at: Instant,
+    matched: bool,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    saved: Saved,
+    recent: VecDeque<Recent>,
+    /// PCI → UUID from the driver's `NVRM: GPU at PCI:…: GPU-…` lines.
+    pci_uuid: BTreeMap<String, String>,
+    dirty: bool,
+    last_flush: Option<Instant>,
+}
+
+/// The XID state of the node.
+#[derive(Debug, Default)]
+pub struct Xids {
+    inner: Mutex<Inner>,
+    state: Mutex<Option<StateDir>>,
+    proc_root: Mutex<PathBuf>,
+}
+
+/// The health-reason codes XIDs raise.
+const REASON_79: &str = "xid_79";
+const REASON_154: &str = "xid_154";
+
+fn static_code(code: &str) -> Option<&'static str> {
+    [REASON_79, REASON_154].into_iter().find(|c| *c == code)
+}
+
+impl Model {
+    /// Opens the state directory: restores the XID counters, the inputs' checkpoints and the
+    /// held health reasons when they are from this boot; starts clean otherwise.
+    pub fn open_state(&self, dir: &std::path::Path, proc_root: &std::path::Path) {
+        let state = StateDir::open(dir);
+        let boot = super::state::boot_id(proc_root);
+        let saved: Option<Saved> = state.load("xid");
+        let saved = match saved {
+            Some(s) if !boot.is_empty() && s.boot_id == boot => s,
+            Some(_) => {
+                tracing::info!("saved kernel-log state is from an earlier boot; starting clean");
+                Saved::default()
+            }
+            None => Saved::default(),
+        };
+        for (id, reasons) in &saved.reasons {
+            for r in reasons {
+                if let Some(code) = static_code(&r.code) {
+                    self.health.restore(
+                        id,
+                        Reason {
+                            code,
+                            state: if r.failed {
+                                HealthState::Failed
+                            } else {
+                                HealthState::Degraded
+                            },
+                            detail: r.detail.clone(),
+                            action: health_action_static(&r.action),
+                            since: SystemTime::now(),
+                        },
+                    );
+                }
+            }
+        }
+        {
+            let mut i = lock(&self.xids.inner);
+            i.saved = Saved {
+                boot_id: boot,
+                ..saved
+            };
+        }
+        *lock(&self.xids.state) = Some(state);
+        *lock(&self.xids.proc_root) = proc_root.to_path_buf();
+        self.publish_xids();
+    }
+
+    /// The `/dev/kmsg` sequence number to read from (0: the whole ring of this boot).
+    pub fn kmsg_next_seq(&self) -> u64 {
+        lock(&self.xids.inner).saved.kmsg_next_seq
+    }
+
+    /// Records that `/dev/kmsg` has been read up to (not including) `seq`.
+    pub fn set_kmsg_next_seq(&self, seq: u64) {
+        let mut i = lock(&self.xids.inner);
+        if i.saved.kmsg_next_seq != seq {
+            i.saved.kmsg_next_seq = seq;
+            i.dirty = true;
+        }
+    }
+
+    /// Where a file was read up to.
+    pub fn file_cursor(&self, path: &str) -> Option<FileCursor> {
+        lock(&self.xids.inner).saved.files.get(path).cloned()
+    }
+
+    /// Records where a file has been read up to.
+    pub fn set_file_cursor(&self, path: &str, cursor: FileCursor) {
+        let mut i = lock(&self.xids.inner);
+        if i.saved.files.get(path) != Some(&cursor) {
+            i.saved.files.insert(path.to_string(), cursor);
+            i.dirty = true;
+        }
+    }
+
+    /// Learns a GPU's UUID from the driver's `NVRM: GPU at PCI:…` line.
+    pub fn learn_gpu_uuid(&self, pci: &str, uuid: &str) {
+        lock(&self.xids.inner)
+            .pci_uuid
+            .insert(pci.to_string(), uuid.to_string());
+    }
+
+    /// The GPU at a PCI address (`dddd:bb:dd`): its UUID from the inventory or the driver's
+    /// preamble line.
+    fn gpu_at(&self, pci: &str) -> Option<String> {
+        self.gpus()
+            .iter()
+            .find_map(|s| {
+                let s = lock(s);
+                s.info
+                    .pci_bus_id
+                    .starts_with(pci)
+                    .then(|| s.info.uuid.clone())
+            })
+            .or_else(|| lock(&self.xids.inner).pci_uuid.get(pci).cloned())
+    }
+
+    /// Records an XID report: counts it (once across paths), appends its event, raises or
+    /// clears the health reasons it implies. Returns false for a duplicate.
+    pub fn record_xid(&self, r: Report) -> bool {
+        let uuid = r
+            .uuid
+            .clone()
+            .or_else(|| r.pci.as_deref().and_then(|p| self.gpu_at(p)));
+        let code = if r.bus_line { 79 } else { r.code };
+        let id = {
+            let mut i = lock(&self.xids.inner);
+            let id = match (&uuid, &r.pci) {
+                (Some(u), _) => u.clone(),
+                (None, Some(p)) => {
+                    let unknown = i
+                        .saved
+                        .counters
+                        .keys()
+                        .filter(|k| k.starts_with("PCI-"))
+                        .count();
+                    let id = format!("PCI-{p}");
+                    if unknown >= MAX_UNKNOWN && !i.saved.counters.contains_key(&id) {
+                        "PCI-other".to_string()
+                    } else {
+                        id
+                    }
+                }
+                (None, None) => "PCI-other".to_string(),
+            };
+            // Another path's report of the same XID on the same GPU: one occurrence.
+            let now = Instant::now();
+            while i
+                .recent
+                .front()
+                .is_some_and(|e| now.duration_since(e.at) > DEDUP_WINDOW)
+            {
+                i.recent.pop_front();
+            }
+            if let Some(e) = i.recent.iter_mut().find(|e| {
+                !e.matched
+                    && e.id == id
+                    && e.code == code
+                    && (e.via != r.via || e.bus_line != r.bus_line)
+            }) {
+                e.matched = true;
+                return false;
+            }
+            i.recent.push_back(Recent {
+                id: id.clone(),
+                code,
+                via: r.via,
+                bus_line: r.bus_line,
+                at: now,
+                matched: false,
+            });
+            *i.saved
+                .counters
+                .entry(id.clone())
+                .or_default()
+                .entry(code)
+                .or_insert(0) += 1;
+            let t = r
+                .time
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            i.saved.last.insert(id.clone(), t);
+            i.dirty = true;
+            id
+        };
+        self.events.append(self.xid_event(&r, code, &id));
+        self.xid_health(&r, code, &id);
+        self.publish_xids();
+        true
+    }
+
+    fn xid_event(&self, r: &Report, code: u32, id: &str) -> NewEvent {
+        let entry = xid_catalog::lookup(code);
+        let drain = r.fatal.unwrap_or(entry.drain);
+        let severity = match (code, drain, entry.category) {
+            (79, _, _) => Severity::Fatal,
+            (_, true, _) => Severity::Error,
+            (_, false, Category::Informational) => Severity::Info,
+            _ => Severity::Warn,
+        };
+        let mut e = NewEvent {
+            time: r.time,
+            ..NewEvent::now(severity, "gpu.xid", r.message.clone())
+        }
+        .about(id.to_string())
+        .with("gpu.xid", code.to_string())
+        .with("gpu.xid.mnemonic", entry.mnemonic)
+        .with("gpu.xid.category", entry.category.as_str())
+        .with("gpu.xid.action", entry.action)
+        .with("gpu.xid.drain", if drain { "true" } else { "false" })
+        .with(
+            "gpu.health.action",
+            xid_catalog::health_action(entry.action),
+        )
+        .with("junction.xid.source", r.via.as_str());
+        if let Some(p) = &r.pci {
+            e = e.with("gpu.pci.bdf", p.clone());
+        }
+        if let Some(pid) = r.pid {
+            e = e.with("process.pid", pid.to_string());
+            let name = r.process.clone().or_else(|| {
+                let root = lock(&self.xids.proc_root).clone();
+                std::fs::read_to_string(root.join(pid.to_string()).join("comm"))
+                    .ok()
+                    .map(|c| c.trim().to_string())
+            });
+            if let Some(n) = name.filter(|n| !n.is_empty()) {
+                e = e.with("process.executable.name", n);
+            }
+        }
+        if let Some(gi) = r.gpu_instance {
+            e = e.with("gpu.mig.gpu_instance_id", gi.to_string());
+        }
+        if let Some(ci) = r.compute_instance {
+            e = e.with("gpu.mig.compute_instance_id", ci.to_string());
+        }
+        if r.bus_line {
+            e = e.with("gpu.xid.bus_line", "true");
+        }
+        e.attrs.extend(r.attrs.iter().cloned());
+        e
+    }
+
+    /// Xid 79 fails the GPU until the node reboots; Xid 154 carries the recovery action the
+    /// driver now asks for (none clears it).
+    fn xid_health(&self, r: &Report, code: u32, id: &str) {
+        let held = match (code, r.recovery_action) {
+            (79, _) => Some((
+                REASON_79,
+                HealthState::Failed,
+                "reboot_node",
+                "Xid 79: the GPU has fallen off the bus; holds until the node is rebooted",
+            )),
+            (154, Some(0)) => {
+                self.clear(id, REASON_154);
+                None
+            }
+            (154, Some(1)) => Some((
+                REASON_154,
+                HealthState::Failed,
+                "reset_gpu",
+                "Xid 154: the driver asks for a GPU reset",
+            )),
+            (154, Some(2 | 7)) => Some((
+                REASON_154,
+                HealthState::Failed,
+                "reboot_node",
+                "Xid 154: the driver asks for a node reboot",
+            )),
+            (154, Some(4 | 6)) => Some((
+                REASON_154,
+                HealthState::Failed,
+                "reset_gpu",
+                "Xid 154: the driver asks to drain the GPU and reset it",
+            )),
+            (154, Some(_)) => Some((
+                REASON_154,
+                HealthState::Degraded,
+                "drain_and_service",
+                "Xid 154: the driver asks to drain peer-to-peer work (or recover the IMEX domain)",
+            )),
+            _ => None,
+        };
+        if let Some((reason, state, action, detail)) = held {
+            self.raise(id, reason, state, action, detail);
+            let mut i = lock(&self.xids.inner);
+            let list = i.saved.reasons.entry(id.to_string()).or_default();
+            list.retain(|s| s.code != reason);
+            list.push(SavedReason {
+                code: reason.into(),
+                failed: state == HealthState::Failed,
+                action: action.into(),
+                detail: detail.into(),
+            });
+            i.dirty = true;
+        } else if code == 154 {
+            let mut i = lock(&self.xids.inner);
+            if let Some(list) = i.saved.reasons.get_mut(id) {
+                list.retain(|s| s.code != REASON_154);
+            }
+            i.dirty = true;
+        }
+    }
+
+    /// Records an SXid (NVSwitch) event: counted per switch, code and severity; its companion
+    /// lines are never passed here.
+    pub fn record_sxid(
+        &self,
+        via: Via,
+        switch_pci: &str,
+        code: u32,
+        fatal: Option<bool>,
+        link: Option<u32>,
+        message: String,
+    ) -> bool {
+        let id = format!("NVSwitch-PCI-{switch_pci}");
+        let severity = match fatal {
+            Some(true) => "fatal",
+            Some(false) => "nonfatal",
+            None => "unknown",
+        };
+        {
+            let mut i = lock(&self.xids.inner);
+            let now = Instant::now();
+            while i
+                .recent
+                .front()
+                .is_some_and(|e| now.duration_since(e.at) > DEDUP_WINDOW)
+            {
+                i.recent.pop_front();
+            }
+            if let Some(e) = i
+                .recent
+                .iter_mut()
+                .find(|e| !e.matched && e.id == id && e.code == code && e.via != via)
+            {
+                e.matched = true;
+                return false;
+            }
+            i.recent.push_back(Recent {
+                id: id.clone(),
+                code,
+                via,
+                bus_line: false,
+                at: now,
+                matched: false,
+            });
+            *i.saved
+                .sxid
+                .entry(id.clone())
+                .or_default()
+                .entry(format!("{code}:{severity}"))
+                .or_insert(0) += 1;
+            i.dirty = true;
+        }
+        let mut e = NewEvent::now(
+            if fatal == Some(true) {
+                Severity::Error
+            } else {
+                Severity::Warn
+            },
+            "gpu.sxid",
+            message,
+        )
+        .about(id)
+        .with("hw.type", "nvswitch")
+        .with("gpu.sxid", code.to_string())
+        .with("gpu.sxid.severity", severity)
+        .with("gpu.pci.bdf", switch_pci.to_string())
+        .with("junction.xid.source", via.as_str());
+        if let Some(l) = link {
+            e = e.with("gpu.nvlink.link", l.to_string());
+        }
+        self.events.append(e);
+        self.publish_xids();
+        true
+    }
+
+    /// Saves the XID state if it changed and the last save is [`FLUSH_EVERY`] old (`force`:
+    /// now, at shutdown).
+    pub fn flush_xids(&self, force: bool) {
+        let snapshot = {
+            let mut i = lock(&self.xids.inner);
+            if !i.dirty || (!force && i.last_flush.is_some_and(|t| t.elapsed() < FLUSH_EVERY)) {
+                return;
+            }
+            i.dirty = false;
+            i.last_flush = Some(Instant::now());
+            i.saved.clone()
+        };
+        if let Some(state) = lock(&self.xids.state).as_ref() {
+            state.store("xid", &snapshot);
+        }
+    }
+
+    fn publish_xids(&self) {
+        let mut out = Vec::new();
+        {
+            let i = lock(&self.xids.inner);
+            for (id, codes) in &i.saved.counters {
+                for (code, n) in codes {
+                    out.push(
+                        Sample::new(Metric::XidErrors, *n as f64)
+                            .with("hw.id", id.clone())
+                            .with("gpu.xid", code.to_string())
+                            .with(
+                                "gpu.xid.category",
+                                xid_catalog::lookup(*code).category.as_str(),
+                            ),
+                    );
+                }
+            }
+            for (id, t) in &i.saved.last {
+                out.push(Sample::new(Metric::XidLast, t.floor()).with("hw.id", id.clone()));
+            }
+            for (id, codes) in &i.saved.sxid {
+                for (key, n) in codes {
+                    let (code, severity) = key.split_once(':').unwrap_or((key, "unknown"));
+                    out.push(
+                        Sample::new(Metric::SxidErrors, *n as f64)
+                            .with("hw.id", id.clone())
+                            .with("hw.type", "nvswitch")
+                            .with("gpu.sxid", code.to_string())
+                            .with("gpu.sxid.severity", severity.to_string()),
+                    );
+                }
+            }
+        }
+        self.publish("xid", "counters", out);
+    }
+}
+
+fn health_action_static(a: &str) -> &'static str {
+    [
+        "none",
+        "restart_app",
+        "reset_gpu",
+        "reboot_node",
+        "drain_and_service",
+    ]
+    .into_iter()
+    .find(|x| *x == a)
+    .unwrap_or("drain_and_service")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(via: Via, code: u32) -> Report {
+        Report {
+            via,
+            bus_line: false,
+            pci: Some("0000:3b:00".into()),
+            uuid: None,
+            code,
+            time: SystemTime::now(),
+            pid: None,
+            process: None,
+            gpu_instance: None,
+            compute_instance: None,
+            message: format!("NVRM: Xid (PCI:0000:3b:00): {code}, test"),
+            attrs: Vec::new(),
+            fatal: None,
+            recovery_action: None,
+        }
+    }
+
+    fn count(m: &Model, id: &str, code: u32) -> u64 {
+        lock(&m.xids.inner)
+            .saved
+            .counters
+            .get(id)
+            .and_then(|c| c.get(&code))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn two_paths_count_once_and_one_path_counts_every_line() {
+        let m = Model::default();
+        m.learn_gpu_uuid("0000:3b:00", "GPU-aaaa");
+        assert!(m.record_xid(report(Via::Kmsg, 13)));
+        assert!(
+            !m.record_xid(report(Via::Nvml, 13)),
+            "the other path: a duplicate"
+        );
+        assert!(
+            m.record_xid(report(Via::Kmsg, 13)),
+            "a second line is a second XID"
+        );
+        assert!(m.record_xid(report(Via::Nvml, 31)));
+        assert_eq!(count(&m, "GPU-aaaa", 13), 2);
+        assert_eq!(count(&m, "GPU-aaaa", 31), 1);
+        // An Xid 79 line and the bus line that follows it: one occurrence.
+        assert!(m.record_xid(report(Via::Kmsg, 79)));
+        let mut bus = report(Via::Kmsg, 0);
+        bus.bus_line = true;
+        assert!(!m.record_xid(bus));
+        assert_eq!(count(&m, "GPU-aaaa", 79), 1);
+        assert_eq!(
+            crate::model::health::verdict(&m.health.reasons("GPU-aaaa")),
+            HealthState::Failed
+        );
+    }
+
+    #[test]
+    fn xid_154_raises_and_clears_by_value() {
+        let m = Model::default();
+        m.learn_gpu_uuid("0000:3b:00", "GPU-b");
+        let mut r = report(Via::Kmsg, 154);
+        r.recovery_action = Some(1);
+        m.record_xid(r);
+        let reasons = m.health.reasons("GPU-b");
+        assert_eq!(reasons[0].code, "xid_154");
+        assert_eq!(reasons[0].action, "reset_gpu");
+        let mut r = report(Via::Kmsg, 154);
+        r.recovery_action = Some(0);
+        m.record_xid(r);
+        assert!(m.health.reasons("GPU-b").is_empty());
+    }
+}

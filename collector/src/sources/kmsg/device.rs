@@ -1,0 +1,119 @@
+//! The `/dev/kmsg` reader: one record per `read()` (a buffer well over the kernel's 8 KiB
+//! record limit: a smaller one makes the kernel skip the record with EINVAL), non-blocking
+//! with `poll()` so that shutdown is prompt, EPIPE (records overwritten before they were
+//! read) counted from the sequence gap, and a checkpoint (boot id, next sequence number) so
+//! that a restart skips what was counted and reads what was written while it was down.
+//! `/dev/kmsg` cannot seek to a sequence number: it is read from the start of the ring and
+//! records below the checkpoint are skipped (as systemd-journald does).
+
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use super::Input;
+use crate::model::{Model, lock};
+use crate::shutdown::Shutdown;
+
+/// Bytes per `read()`: one record is at most 8 KiB (printk's limit) plus its dictionary.
+const BUFFER: usize = 16 * 1024;
+
+/// Opens the device (non-blocking).
+pub fn open(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Seconds of the monotonic clock now (what kmsg timestamps count from boot).
+fn monotonic_now() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes a timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The wall-clock time of a record stamped `usec` after boot.
+fn wall_time(usec: u64) -> SystemTime {
+    let age = monotonic_now().saturating_sub(Duration::from_micros(usec));
+    SystemTime::now() - age
+}
+
+/// Reads records until shutdown.
+pub fn run(mut file: std::fs::File, input: &Input, model: &Model, shutdown: &Shutdown) {
+    let mut buf = vec![0u8; BUFFER];
+    let mut next = model.kmsg_next_seq();
+    let mut parser = super::parser::Parser::default();
+    let fd = file.as_raw_fd();
+    loop {
+        if shutdown.is_triggered() {
+            break;
+        }
+        match file.read(&mut buf) {
+            Ok(0) => wait(fd, shutdown),
+            Ok(n) => {
+                let Some(rec) = super::record::parse(&buf[..n]) else {
+                    continue;
+                };
+                if rec.seq < next {
+                    // Counted before the restart.
+                    continue;
+                }
+                if next > 0 && rec.seq > next {
+                    input.lost(rec.seq - next);
+                }
+                next = rec.seq + 1;
+                input.read(1);
+                if rec.facility != 0 && !input.accept_user_records {
+                    model.set_kmsg_next_seq(next);
+                    continue;
+                }
+                let time = wall_time(rec.usec);
+                input.line(&mut parser, &rec.message, time, model);
+                model.set_kmsg_next_seq(next);
+            }
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EAGAIN) => {
+                    input.tick(model);
+                    wait(fd, shutdown);
+                }
+                // Overwritten before read: the gap in sequence numbers says how many.
+                Some(libc::EPIPE) => {}
+                // A record larger than the buffer: the kernel has skipped it.
+                Some(libc::EINVAL) => input.lost(1),
+                Some(libc::EINTR) => {}
+                _ => {
+                    let mut w = lock(&input.warned);
+                    if w.is_none() {
+                        *w = Some(std::time::Instant::now());
+                        tracing::warn!(error = %e, "reading the kernel log failed; retrying");
+                    }
+                    drop(w);
+                    if shutdown.sleep(Duration::from_secs(1)) {
+                        break;
+                    }
+                }
+            },
+        }
+    }
+    model.flush_xids(true);
+}
+
+/// Waits for the device to be readable (or 500 ms, to look at the shutdown flag).
+fn wait(fd: i32, shutdown: &Shutdown) {
+    if shutdown.is_triggered() {
+        return;
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for a file descriptor this function's caller owns.
+    unsafe { libc::poll(&mut p, 1, 500) };
+}

@@ -1,0 +1,344 @@
+//! The kernel-log source: NVIDIA XID and NVSwitch SXid errors from `/dev/kmsg` and/or from
+//! kernel-log files (kern.log, syslog, `journalctl -k -f` output), each mapped to its GPU by
+//! PCI address, counted per (GPU, XID), recorded as an event with the process and NVIDIA's
+//! recommended action, and fed into the GPU's health.
+//!
+//! Needs: read access to `/dev/kmsg` (root, or CAP_SYSLOG where `kernel.dmesg_restrict` is
+//! set) and/or to the files. How it fails: an input that cannot be opened is logged once
+//! with the reason and the fix; the others go on. Records written from user space (any
+//! facility but the kernel's) are ignored unless `accept_user_records` (anyone can write an
+//! XID-shaped line to `/dev/kmsg`). Overwritten records are counted
+//! (`junction_kmsg_lost_total`). The checkpoint and counters live in `state_dir`.
+
+mod device;
+mod files;
+pub mod parser;
+pub mod record;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::agent::{Component, Ctx, SHUTDOWN_DEADLINE};
+use crate::config::{Config, Invalid, config_section};
+use crate::model::xid::{Report, Via};
+use crate::model::xid_catalog::recovery_action;
+use crate::model::{AttrValue, Metric, Model, Sample};
+use parser::{Detail, Parsed, Parser};
+
+config_section! {
+    /// `[sources.kmsg]`
+    pub struct KmsgConfig {
+        /// Read the kernel log for XID and SXid errors. Default: true.
+        pub enabled: bool = true,
+        /// The kernel's log device; "" to read only `files`. Default: "/dev/kmsg".
+        pub device: String = "/dev/kmsg".into(),
+        /// Kernel-log files to follow too (e.g. "/var/log/kern.log"), for hosts whose
+        /// kernel messages land in files; rotation is followed and the read position is
+        /// kept across restarts. Default: [].
+        pub files: Vec<String> = Vec::new(),
+        /// Accept records written from user space (a facility other than the kernel's):
+        /// anyone who can write to /dev/kmsg could forge an XID. Tests and the demo set it.
+        /// Default: false.
+        pub accept_user_records: bool = false,
+    }
+}
+
+impl KmsgConfig {
+    /// Adds every problem with this section to `out`.
+    pub fn validate(&self, prefix: &str, out: &mut Vec<Invalid>) {
+        if !self.enabled {
+            return;
+        }
+        if !self.device.is_empty() && !std::path::Path::new(&self.device).exists() {
+            out.push(Invalid {
+                key: format!("{prefix}.device"),
+                message: format!(
+                    "{:?} does not exist; use \"/dev/kmsg\", or \"\" to read only files",
+                    self.device
+                ),
+            });
+        }
+        for (i, f) in self.files.iter().enumerate() {
+            let parent = std::path::Path::new(f).parent();
+            if !f.starts_with('/') || parent.is_none_or(|p| !p.is_dir()) {
+                out.push(Invalid {
+                    key: format!("{prefix}.files"),
+                    message: format!(
+                        "entry {i} ({f:?}): give an absolute path in an existing directory"
+                    ),
+                });
+            }
+        }
+    }
+}
+
+/// The kernel-log source.
+pub const COMPONENT: Component = Component {
+    name: "kmsg",
+    enabled: |c| {
+        c.sources.kmsg.enabled
+            && (!c.sources.kmsg.device.is_empty() || !c.sources.kmsg.files.is_empty())
+    },
+    start: |c, ctx| Box::pin(start(c, ctx)),
+    once: None,
+};
+
+/// What one input (the device, or the files) counts and how it hands lines on.
+pub struct Input {
+    via: Via,
+    accept_user_records: bool,
+    read: AtomicU64,
+    lost: AtomicU64,
+    warned: Mutex<Option<Instant>>,
+    last_tick: Mutex<Option<Instant>>,
+    stats: Arc<Stats>,
+}
+
+/// Both inputs' counters, published together.
+#[derive(Default)]
+pub struct Stats {
+    kmsg: AtomicU64,
+    file: AtomicU64,
+    lost: AtomicU64,
+}
+
+impl Input {
+    fn new(via: Via, accept_user_records: bool, stats: Arc<Stats>) -> Self {
+        Self {
+            via,
+            accept_user_records,
+            read: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            warned: Mutex::new(None),
+            last_tick: Mutex::new(None),
+            stats,
+        }
+    }
+
+    fn read(&self, n: u64) {
+        self.read.fetch_add(n, Ordering::Relaxed);
+        match self.via {
+            Via::File => self.stats.file.fetch_add(n, Ordering::Relaxed),
+            _ => self.stats.kmsg.fetch_add(n, Ordering::Relaxed),
+        };
+    }
+
+    fn lost(&self, n: u64) {
+        self.lost.fetch_add(n, Ordering::Relaxed);
+        self.stats.lost.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Once a second at most: publish the counters and save the checkpoint.
+    fn tick(&self, model: &Model) {
+        {
+            let mut t = crate::model::lock(&self.last_tick);
+            if t.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+                return;
+            }
+            *t = Some(Instant::now());
+        }
+        let s = &self.stats;
+        model.publish(
+            "kmsg",
+            "stats",
+            vec![
+                Sample::new(Metric::KmsgRecords, s.kmsg.load(Ordering::Relaxed) as f64)
+                    .with("junction.input", "kmsg"),
+                Sample::new(Metric::KmsgRecords, s.file.load(Ordering::Relaxed) as f64)
+                    .with("junction.input", "file"),
+                Sample::new(Metric::KmsgLost, s.lost.load(Ordering::Relaxed) as f64),
+            ],
+        );
+        model.flush_xids(false);
+    }
+
+    /// Parses one line and records what it says.
+    fn line(&self, parser: &mut Parser, line: &str, time: SystemTime, model: &Model) {
+        match parser.line(line) {
+            Parsed::Other | Parsed::SXidCompanion => {}
+            Parsed::GpuUuid(pci, uuid) => model.learn_gpu_uuid(&pci.to_string(), uuid),
+            Parsed::BusLine(pci) => {
+                model.record_xid(Report {
+                    via: self.via,
+                    bus_line: true,
+                    pci: Some(pci.to_string()),
+                    uuid: None,
+                    code: 79,
+                    time,
+                    pid: None,
+                    process: None,
+                    gpu_instance: None,
+                    compute_instance: None,
+                    message: line.trim().to_string(),
+                    attrs: Vec::new(),
+                    fatal: None,
+                    recovery_action: None,
+                });
+            }
+            Parsed::SXid(s) => {
+                model.record_sxid(
+                    self.via,
+                    &s.switch,
+                    s.code,
+                    s.fatal,
+                    s.link,
+                    line.trim().to_string(),
+                );
+            }
+            Parsed::Xid(x) => {
+                let mut attrs: Vec<(&'static str, AttrValue)> = Vec::new();
+                let mut fatal = None;
+                let mut action = None;
+                match &x.detail {
+                    Detail::None => {}
+                    Detail::CausedBy(c) => attrs.push(("gpu.xid.caused_by", c.to_string().into())),
+                    Detail::RecoveryAction { from, to } => {
+                        action = Some(*to);
+                        attrs.push(("gpu.recovery_action", recovery_action(*to).into()));
+                        attrs.push((
+                            "gpu.recovery_action.previous",
+                            recovery_action(*from).into(),
+                        ));
+                    }
+                    Detail::MemoryError { reset, drain_reset } => {
+                        attrs.push(("gpu.xid.reset_required", yes(*reset)));
+                        attrs.push(("gpu.xid.drain_and_reset_required", yes(*drain_reset)));
+                    }
+                    Detail::NvLink5 {
+                        unit,
+                        fatal: f,
+                        link,
+                    } => {
+                        fatal = Some(*f);
+                        attrs.push(("gpu.xid.unit", unit.clone().into()));
+                        attrs.push(("gpu.nvlink.link", link.to_string().into()));
+                    }
+                    Detail::Dbe { phys_addr } => {
+                        if let Some(a) = phys_addr {
+                            attrs.push(("gpu.memory.address", a.clone().into()));
+                        }
+                    }
+                    Detail::Retirement { row_remap } => attrs.push((
+                        "gpu.xid.memory",
+                        if *row_remap {
+                            "row_remap"
+                        } else {
+                            "page_retirement"
+                        }
+                        .into(),
+                    )),
+                }
+                model.record_xid(Report {
+                    via: self.via,
+                    bus_line: false,
+                    pci: Some(x.pci.to_string()),
+                    uuid: None,
+                    code: x.code,
+                    time,
+                    pid: x.pid,
+                    process: x.process.map(str::to_string),
+                    gpu_instance: x.gpu_instance,
+                    compute_instance: x.compute_instance,
+                    message: line.trim().to_string(),
+                    attrs,
+                    fatal,
+                    recovery_action: action,
+                });
+            }
+        }
+        self.tick(model);
+    }
+}
+
+fn yes(b: bool) -> AttrValue {
+    if b { "true" } else { "false" }.into()
+}
+
+/// XIDs are mapped to GPUs by PCI address: reading waits (at most NVML's own start-up
+/// deadline) until NVML has listed the GPUs, so that the log read from boot is attributed to
+/// GPU UUIDs rather than to bare PCI addresses.
+fn wait_for_gpus(config: &Config, model: &Model) {
+    if config.sources.nvml.enabled {
+        let limit = Duration::from_secs(config.sources.nvml.init_timeout_secs.max(1));
+        if !model.wait_inventory(limit) {
+            tracing::warn!(
+                "NVML has not listed the GPUs yet; reading the kernel log anyway (XIDs of unlisted GPUs are counted by PCI address)"
+            );
+        }
+    }
+}
+
+async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let c = config.sources.kmsg.clone();
+    let stats = Arc::new(Stats::default());
+    let mut up = false;
+    let mut device_thread = None;
+    if !c.device.is_empty() {
+        match device::open(std::path::Path::new(&c.device)) {
+            Ok(file) => {
+                up = true;
+                let input = Input::new(Via::Kmsg, c.accept_user_records, stats.clone());
+                let (model, shutdown, cfg) =
+                    (ctx.model.clone(), ctx.shutdown.clone(), config.clone());
+                device_thread = Some(std::thread::Builder::new().name("kmsg".into()).spawn(
+                    move || {
+                        wait_for_gpus(&cfg, &model);
+                        device::run(file, &input, &model, &shutdown)
+                    },
+                )?);
+                tracing::info!(device = %c.device, "reading the kernel log");
+            }
+            Err(e) => tracing::error!(
+                device = %c.device,
+                error = %e,
+                "cannot open the kernel log: run as root, or grant CAP_SYSLOG (kernel.dmesg_restrict is set), or set sources.kmsg.device = \"\"; XIDs are not read from it"
+            ),
+        }
+    }
+    // Files are read with blocking I/O: on a thread (and a small runtime for the inotify
+    // notifications) of their own, off the shared async workers.
+    let files_thread = if c.files.is_empty() {
+        None
+    } else {
+        up = true;
+        let input = Input::new(Via::File, true, stats.clone());
+        let (model, shutdown, cfg, files) = (
+            ctx.model.clone(),
+            ctx.shutdown.clone(),
+            config.clone(),
+            c.files.clone(),
+        );
+        Some(
+            std::thread::Builder::new()
+                .name("kmsg-files".into())
+                .spawn(move || {
+                    wait_for_gpus(&cfg, &model);
+                    match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt.block_on(files::run(files, input, model, shutdown)),
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot start the kernel-log file reader")
+                        }
+                    }
+                })?,
+        )
+    };
+    ctx.model.set_source_up("kmsg", up);
+    Ok(tokio::spawn(async move {
+        ctx.shutdown.wait().await;
+        let threads: Vec<_> = device_thread.into_iter().chain(files_thread).collect();
+        let _ = tokio::task::spawn_blocking(move || {
+            let end = Instant::now() + SHUTDOWN_DEADLINE;
+            for t in threads {
+                while !t.is_finished() && Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        })
+        .await;
+        ctx.model.flush_xids(true);
+    }))
+}

@@ -1,0 +1,508 @@
+//! The kernel-log source end to end: XID and SXid lines written to the real `/dev/kmsg`
+//! (privileged: root writes records; CI runs these, elsewhere they skip with the reason) or
+//! to a followed file, counted per GPU UUID on `/metrics`; restarts that neither replay nor
+//! miss; the NVML event path alone and together with the kernel log; floods.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::support::{self, Agent, parse, scrape, value};
+
+/// True when this process may write `/dev/kmsg`; otherwise skips (a failure in CI).
+fn privileged() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let writable = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/kmsg")
+        .is_ok();
+    if root && writable {
+        return true;
+    }
+    let why = "not root, or /dev/kmsg is not writable: the kernel-log tests write records";
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{why} (CI must run the privileged tests)"
+    );
+    eprintln!("SKIPPED: {why}");
+    false
+}
+
+/// Writes records to `/dev/kmsg`, reopening every 8 records: the kernel rate-limits writers
+/// to 10 records per open file (printk_devkmsg=ratelimit). Each ends with a newline: a record
+/// without one stays open for continuation and is not readable until the next one arrives.
+pub fn kmsg_write(lines: &[String]) {
+    for chunk in lines.chunks(8) {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/kmsg")
+            .expect("open /dev/kmsg for writing");
+        for l in chunk {
+            f.write_all(format!("{l}\n").as_bytes())
+                .expect("write a record");
+        }
+    }
+}
+
+/// A PCI domain of this test process's own, so that its lines cannot be counted by another
+/// test (or an earlier run) reading the same kernel log.
+fn domain(salt: u32) -> u32 {
+    (std::process::id()
+        .wrapping_mul(7919)
+        .wrapping_add(salt * 104729)
+        % 0xfff0)
+        + 1
+}
+
+/// A scenario of `gpus` H100s on PCI domain `d`, buses 0x18, 0x19, …
+fn scenario(d: u32, gpus: u32, extra: &str) -> PathBuf {
+    let dir = support::temp_dir();
+    let path = dir.join("xid-node.toml");
+    let list: Vec<String> = (0..gpus)
+        .map(|i| format!("{{ pci_domain = {d}, pci_bus = {} }}", 0x18 + i))
+        .collect();
+    std::fs::write(
+        &path,
+        format!(
+            "base = {:?}\ngpu_count = {gpus}\ngpus = [{}]\n{extra}\n",
+            support::scenario("h100-training.toml")
+                .display()
+                .to_string(),
+            list.join(", ")
+        ),
+    )
+    .expect("scenario");
+    path
+}
+
+fn config(port: u16, state: &Path, kmsg: &str) -> String {
+    let base = support::sim_config("current", port, "lost_retry_max_secs = 1");
+    let (head, rest) = base.split_once("state_dir = ").expect("a state_dir line");
+    let rest = rest.split_once('\n').map_or("", |(_, r)| r);
+    format!(
+        "{head}state_dir = {:?}\n{rest}\n[sources.kmsg]\n{kmsg}\n",
+        state.display().to_string()
+    )
+}
+
+fn start(scenario: &Path, config: &str) -> Agent {
+    let mut a = Agent::spawn_config_path(scenario, config, &[]);
+    a.wait_for(Duration::from_secs(30), |m| {
+        m.contains("hw_gpu_memory_usage_bytes")
+    });
+    a
+}
+
+fn xid(body: &str, gpu: &str, code: &str) -> Option<f64> {
+    value(
+        &parse(body),
+        "gpu_xid_errors_total",
+        &[("hw_id", gpu), ("gpu_xid", code)],
+    )
+}
+
+/// XID lines for simulator GPUs appear on `/metrics` against the right GPU UUID; SXid
+/// companions and the fallen-off-the-bus line that follows an Xid 79 do not over-count;
+/// after a restart nothing is counted twice, lines written while Junction was stopped are
+/// counted and the held health reason is back; a user-space record is ignored without
+/// `accept_user_records`.
+#[test]
+fn xids_from_dev_kmsg_per_gpu_and_across_restarts() {
+    if !privileged() {
+        return;
+    }
+    let d = domain(1);
+    let scen = scenario(d, 4, "");
+    let state = support::temp_dir().join("state");
+    let port = support::free_port();
+    let cfg = config(port, &state, "accept_user_records = true");
+    let mut agent = start(&scen, &cfg);
+    let s = parse(&agent.wait_for(Duration::from_secs(10), |m| m.contains("gpu_info")));
+    let ids = support::uuids(&s);
+    let p = |bus: u32| format!("{d:04x}:{bus:02x}:00");
+    kmsg_write(&[
+        format!(
+            "NVRM: Xid (PCI:{}): 13, pid=4242, name=trainer, Graphics SM Warp Exception",
+            p(0x18)
+        ),
+        format!(
+            "NVRM: Xid (PCI:{} GPU-I:03): 31, pid=77, MMU Fault: ENGINE GRAPHICS",
+            p(0x19)
+        ),
+        format!(
+            "NVRM: Xid (PCI:{}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            p(0x1a)
+        ),
+        format!("NVRM: GPU {}.0: GPU has fallen off the bus.", p(0x1a)),
+        format!(
+            "nvidia-nvswitch1: SXid (PCI:{d:04x}:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"
+        ),
+        format!(
+            "nvidia-nvswitch1: SXid (PCI:{d:04x}:06:00.0): 20034, Severity 1 Engine instance 60 Sub-engine instance 00"
+        ),
+        format!(
+            "nvidia-nvswitch1: SXid (PCI:{d:04x}:06:00.0): 20034, Data {{0x10000000, 0x10000000}}"
+        ),
+        format!(
+            "NVRM: GPU at PCI:{}: GPU-deadbeef-0000-4000-8000-{d:012x}",
+            p(0x99)
+        ),
+        format!(
+            "NVRM: Xid (PCI:{}): 43, pid=9, name=orphan, channel 0x0b00000a",
+            p(0x99)
+        ),
+    ]);
+    let body = agent.wait_for(Duration::from_secs(10), |m| {
+        m.contains(&format!("GPU-deadbeef-0000-4000-8000-{d:012x}"))
+            && m.contains(&format!("NVSwitch-PCI-{d:04x}:06:00.0"))
+    });
+    assert_eq!(xid(&body, &ids[0], "13"), Some(1.0));
+    assert_eq!(xid(&body, &ids[1], "31"), Some(1.0));
+    assert_eq!(
+        xid(&body, &ids[2], "79"),
+        Some(1.0),
+        "the bus line is the same occurrence (domain {d:04x}):\n{body}\n{}",
+        agent.log()
+    );
+    assert_eq!(
+        xid(
+            &body,
+            &format!("GPU-deadbeef-0000-4000-8000-{d:012x}"),
+            "43"
+        ),
+        Some(1.0)
+    );
+    let sxid = parse(&body)
+        .into_iter()
+        .filter(|x| {
+            x.name == "gpu_sxid_errors_total"
+                && x.labels["hw_id"] == format!("NVSwitch-PCI-{d:04x}:06:00.0")
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(sxid.len(), 1, "{sxid:?}");
+    assert_eq!(sxid[0].value, 1.0, "companions are not new SXids");
+    assert_eq!(sxid[0].labels["gpu_sxid_severity"], "fatal");
+    let s = parse(&body);
+    assert_eq!(
+        value(
+            &s,
+            "hw_status",
+            &[("hw_id", &ids[2]), ("hw_state", "failed")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "gpu_health_reason",
+            &[("hw_id", &ids[2]), ("gpu_health_reason", "xid_79")]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        value(&s, "gpu_xid_last_time_seconds", &[("hw_id", &ids[0])]).is_some_and(|t| t > 1.7e9)
+    );
+    assert!(agent.terminate().success());
+
+    // Written while Junction is down.
+    kmsg_write(&[
+        format!(
+            "NVRM: Xid (PCI:{}): 13, pid=4243, name=trainer, Graphics Exception",
+            p(0x18)
+        ),
+        format!(
+            "NVRM: Xid (PCI:{}): 48, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at physAddr 0x7fffa8860",
+            p(0x1b)
+        ),
+    ]);
+    let mut agent = start(&scen, &cfg);
+    let body = agent.wait_for(Duration::from_secs(10), |m| xid(m, &ids[3], "48").is_some());
+    assert_eq!(
+        xid(&body, &ids[0], "13"),
+        Some(2.0),
+        "not replayed, not missed"
+    );
+    assert_eq!(xid(&body, &ids[3], "48"), Some(1.0));
+    assert_eq!(
+        xid(&body, &ids[2], "79"),
+        Some(1.0),
+        "kept across the restart"
+    );
+    let s = parse(&body);
+    assert_eq!(
+        value(
+            &s,
+            "hw_status",
+            &[("hw_id", &ids[2]), ("hw_state", "failed")]
+        ),
+        Some(1.0),
+        "Xid 79 holds until the node reboots, across a restart"
+    );
+    assert!(agent.terminate().success());
+
+    // Without accept_user_records, a record written from user space is read and ignored.
+    let cfg = config(port, &state, "accept_user_records = false");
+    let mut agent = start(&scen, &cfg);
+    let records = |m: &str| {
+        value(
+            &parse(m),
+            "junction_kmsg_records_total",
+            &[("junction_input", "kmsg")],
+        )
+        .unwrap_or(0.0)
+    };
+    let before = records(&agent.wait_for(Duration::from_secs(10), |m| {
+        m.contains("junction_kmsg_records_total")
+    }));
+    kmsg_write(&[format!(
+        "NVRM: Xid (PCI:{}): 13, pid=1, name=forged, forged",
+        p(0x18)
+    )]);
+    let body = agent.wait_for(Duration::from_secs(10), |m| records(m) > before);
+    assert_eq!(
+        xid(&body, &ids[0], "13"),
+        Some(2.0),
+        "a user-space record is not an XID"
+    );
+    assert!(agent.terminate().success());
+}
+
+/// The NVML event path alone (the kernel log off) counts the simulator's XIDs; with both
+/// paths, the same XID on the same GPU counts once, and a second kernel-log line is a second
+/// occurrence.
+#[test]
+fn nvml_events_alone_and_together_with_the_kernel_log() {
+    let d = domain(2);
+    let events = "[[events]]\ngpu = 0\nat_secs = 1.0\nxid = 13\n[[events]]\ngpu = 1\nat_secs = 1.0\nxid = 31\n";
+    let scen = scenario(d, 2, events);
+    let state = support::temp_dir().join("state");
+    let port = support::free_port();
+    let mut agent = start(&scen, &config(port, &state, "enabled = false"));
+    let body = agent.wait_for(Duration::from_secs(15), |m| {
+        m.contains("gpu_xid_errors_total{")
+    });
+    let ids = support::uuids(&parse(&body));
+    let body = agent.wait_for(Duration::from_secs(15), |m| xid(m, &ids[1], "31").is_some());
+    assert_eq!(xid(&body, &ids[0], "13"), Some(1.0));
+    assert_eq!(xid(&body, &ids[1], "31"), Some(1.0));
+    assert!(agent.terminate().success());
+
+    if !privileged() {
+        return;
+    }
+    let state = support::temp_dir().join("state");
+    let mut agent = start(&scen, &config(port, &state, "accept_user_records = true"));
+    agent.wait_for(Duration::from_secs(15), |m| {
+        xid(m, &ids[0], "13") == Some(1.0)
+    });
+    let line = format!("NVRM: Xid (PCI:{d:04x}:18:00): 13, pid=5, name=app, Graphics Exception");
+    kmsg_write(std::slice::from_ref(&line));
+    let records = |m: &str| {
+        value(
+            &parse(m),
+            "junction_kmsg_records_total",
+            &[("junction_input", "kmsg")],
+        )
+        .unwrap_or(0.0)
+    };
+    let seen = records(&scrape(agent.port, Duration::from_secs(5)).expect("scrape"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let body = agent.wait_for(Duration::from_secs(10), |m| records(m) >= seen);
+    assert_eq!(
+        xid(&body, &ids[0], "13"),
+        Some(1.0),
+        "NVML and the kernel log: one XID"
+    );
+    kmsg_write(&[line]);
+    let body = agent.wait_for(Duration::from_secs(10), |m| {
+        xid(m, &ids[0], "13") == Some(2.0)
+    });
+    assert_eq!(
+        xid(&body, &ids[0], "13"),
+        Some(2.0),
+        "a second line is a second XID"
+    );
+    assert!(agent.terminate().success());
+}
+
+fn append(path: &Path, text: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open log file");
+    f.write_all(text.as_bytes()).expect("append");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A kernel-log file (syslog and `dmesg -T` prefixes): followed, restarted with lines
+/// appended meanwhile (counted once), rotated (the new file is read), flooded with 100 000
+/// lines of which 100 are XIDs (every one counted, memory flat). A corrupt state file is a
+/// warning and a clean start.
+#[test]
+fn kernel_log_files_follow_restart_rotation_and_floods() {
+    let d = domain(3);
+    let scen = scenario(d, 2, "");
+    let dir = support::temp_dir();
+    let log = dir.join("kern.log");
+    append(&log, "Nov 30 00:00:00 node kernel: [    1.000] booting\n");
+    let state = dir.join("state");
+    let port = support::free_port();
+    let cfg = config(
+        port,
+        &state,
+        &format!("device = \"\"\nfiles = [{:?}]", log.display().to_string()),
+    );
+    let mut agent = start(&scen, &cfg);
+    let ids = support::uuids(&parse(
+        &scrape(agent.port, Duration::from_secs(5)).expect("scrape"),
+    ));
+    let p0 = format!("{d:04x}:18:00");
+    append(
+        &log,
+        &format!(
+            "Nov 30 01:02:03 node kernel: [ 12.345] NVRM: Xid (PCI:{p0}): 13, pid=7, name=a, x\n"
+        ),
+    );
+    agent.wait_for(Duration::from_secs(10), |m| {
+        xid(m, &ids[0], "13") == Some(1.0)
+    });
+    assert!(agent.terminate().success());
+
+    append(
+        &log,
+        &format!("[Sun Nov 30 01:05:00 2026] NVRM: Xid (PCI:{p0}): 13, pid=8, name=b, y\n"),
+    );
+    let mut agent = start(&scen, &cfg);
+    let body = agent.wait_for(Duration::from_secs(10), |m| {
+        xid(m, &ids[0], "13") == Some(2.0)
+    });
+    assert_eq!(
+        xid(&body, &ids[0], "13"),
+        Some(2.0),
+        "appended while down: counted once"
+    );
+
+    // Rotation: the file is renamed and a new one created in its place.
+    std::fs::rename(&log, dir.join("kern.log.1")).expect("rotate");
+    append(
+        &log,
+        &format!("[  99.000] NVRM: Xid (PCI:{p0}): 31, pid=9, name=c, MMU Fault\n"),
+    );
+    agent.wait_for(Duration::from_secs(10), |m| {
+        xid(m, &ids[0], "31") == Some(1.0)
+    });
+
+    // A flood: 100 000 lines, one in a thousand an XID.
+    let rss = rss_kib(agent.child.id());
+    let mut text = String::with_capacity(8 << 20);
+    for i in 0..100_000u32 {
+        if i % 1000 == 999 {
+            text.push_str(&format!(
+                "[{i}.000] NVRM: Xid (PCI:{d:04x}:19:00): 43, pid={i}, name=flood, channel 1\n"
+            ));
+        } else {
+            text.push_str(&format!(
+                "[{i}.000] eth0: link is up at 100 Gbps, line {i} of unrelated noise\n"
+            ));
+        }
+    }
+    append(&log, &text);
+    let body = agent.wait_for(Duration::from_secs(60), |m| {
+        xid(m, &ids[1], "43") == Some(100.0)
+    });
+    assert_eq!(
+        xid(&body, &ids[1], "43"),
+        Some(100.0),
+        "every relevant line"
+    );
+    let grown = rss_kib(agent.child.id()).saturating_sub(rss);
+    assert!(grown < 32 * 1024, "RSS grew {grown} KiB over the flood");
+    assert!(agent.terminate().success());
+
+    // A corrupt state file: a warning and a clean start.
+    std::fs::write(state.join("xid.json"), b"{this is not json").expect("corrupt");
+    let mut agent = start(&scen, &cfg);
+    let body = agent.wait_for(Duration::from_secs(10), |m| m.contains("hw_status{"));
+    assert_eq!(xid(&body, &ids[0], "13"), None, "started clean");
+    assert!(
+        agent.log().contains("saved state is corrupt"),
+        "{}",
+        agent.log()
+    );
+    assert!(agent.terminate().success());
+
+    // An unusable state directory (a file stands there): a warning, and the agent runs.
+    let blocked = dir.join("not-a-dir");
+    std::fs::write(&blocked, b"x").expect("file");
+    let cfg = config(
+        port,
+        &blocked,
+        &format!("device = \"\"\nfiles = [{:?}]", log.display().to_string()),
+    );
+    let mut agent = start(&scen, &cfg);
+    assert!(
+        agent.log().contains("state directory is not writable"),
+        "{}",
+        agent.log()
+    );
+    assert!(agent.terminate().success());
+}
+
+/// A flood through `/dev/kmsg`: 100 000 records, one in a thousand an XID. Every XID is
+/// counted, or, if the kernel's ring overran before Junction read it, the loss is counted.
+#[test]
+fn a_dev_kmsg_flood_loses_nothing_or_counts_the_loss() {
+    if !privileged() {
+        return;
+    }
+    let d = domain(4);
+    let scen = scenario(d, 1, "");
+    let state = support::temp_dir().join("state");
+    let port = support::free_port();
+    let mut agent = start(&scen, &config(port, &state, "accept_user_records = true"));
+    let ids = support::uuids(&parse(
+        &scrape(agent.port, Duration::from_secs(5)).expect("scrape"),
+    ));
+    let rss = rss_kib(agent.child.id());
+    let lines: Vec<String> = (0..100_000u32)
+        .map(|i| {
+            if i % 1000 == 999 {
+                format!("NVRM: Xid (PCI:{d:04x}:18:00): 43, pid={i}, name=flood, channel 1")
+            } else {
+                format!("junction flood test: unrelated record {i}")
+            }
+        })
+        .collect();
+    let start = Instant::now();
+    kmsg_write(&lines);
+    eprintln!("wrote 100000 records in {:?}", start.elapsed());
+    let done = |m: &str| {
+        let s = parse(m);
+        let counted = xid(m, &ids[0], "43").unwrap_or(0.0);
+        let lost = value(&s, "junction_kmsg_lost_total", &[]).unwrap_or(0.0);
+        counted == 100.0 || (lost > 0.0 && counted > 0.0)
+    };
+    let body = agent.wait_for(Duration::from_secs(60), done);
+    let s = parse(&body);
+    let counted = xid(&body, &ids[0], "43").unwrap_or(0.0);
+    let lost = value(&s, "junction_kmsg_lost_total", &[]).unwrap_or(0.0);
+    eprintln!("counted {counted} of 100 XIDs; {lost} records lost to ring overruns");
+    assert!(counted <= 100.0);
+    assert!(
+        counted == 100.0 || lost > 0.0,
+        "a missing XID is a counted loss"
+    );
+    let grown = rss_kib(agent.child.id()).saturating_sub(rss);
+    assert!(grown < 32 * 1024, "RSS grew {grown} KiB over the flood");
+    assert!(agent.terminate().success());
+}
