@@ -52,6 +52,16 @@ enum Command {
         #[arg(value_enum)]
         which: Doc,
     },
+    /// Parse every line of a file with the kernel-log parser, `rounds` times, and print the
+    /// throughput (used by `cargo xtask bench`).
+    #[command(hide = true)]
+    ParseBench {
+        /// A file of kernel-log lines.
+        file: PathBuf,
+        /// How many times to parse it.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+    },
 }
 
 /// `junction once` formats.
@@ -121,6 +131,18 @@ fn main() -> ExitCode {
     // One TLS provider for every rustls user (the OTLP and BMC clients).
     let _ = rustls::crypto::ring::default_provider().install_default();
 
+    if let Some(Command::ParseBench { file, rounds }) = &args.command {
+        return match sources::kmsg::parse_bench(file, *rounds) {
+            Ok(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("junction: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Docs { which }) = &args.command {
         print!(
             "{}",
@@ -152,7 +174,7 @@ fn main() -> ExitCode {
         Command::Run => cli::run(config),
         Command::Once { format } => cli::once(config, format),
         Command::Inventory { format } => cli::inventory(config, format),
-        Command::Docs { .. } => Ok(()),
+        Command::Docs { .. } | Command::ParseBench { .. } => Ok(()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

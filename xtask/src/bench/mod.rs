@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 
+mod kmsg;
 mod otlp;
 
 /// One benchmark row: label, scenario, GPUs, port, scraped, OTLP compression (none: no OTLP).
@@ -189,7 +190,9 @@ pub fn run(smoke: bool) -> Result<()> {
     m.gpus = 8;
     results.push(m);
 
-    let report = report(&results, window, smoke, profile);
+    let kmsg = kmsg::run(&bin, smoke, &dir)?;
+    let mut report = report(&results, window, smoke, profile);
+    report.push_str(&kmsg_report(&kmsg));
     print!("{report}");
     if !smoke {
         std::fs::write(root().join("BENCHMARKS.md"), report)?;
@@ -481,6 +484,37 @@ fn otlp_report(results: &[Measurement]) -> String {
             scraped(m.gpus).map_or(0, |s| s.scrape_bytes),
             fmt(cpu_scrape),
         ));
+    }
+    out
+}
+
+fn kmsg_report(k: &kmsg::Figures) -> String {
+    let mut out = String::from(
+        "\n## Kernel log\n\n\
+         The parser alone on one thread, over a corpus where one line in a thousand is an XID or\n\
+         SXid and the rest kernel noise (some of it `NVRM:` lines that are not XIDs); the file path\n\
+         end to end: lines appended at once to a followed file, timed until `/metrics` counts them\n\
+         all (the counter is published five times a second, so short runs round up); the latency\n\
+         from writing an XID record to `/dev/kmsg` to its counter changing on `/metrics` (root only).\n\n\
+         | measurement | figure |\n|---|---|\n",
+    );
+    out.push_str(&format!(
+        "| parser, mixed corpus ({} lines, {} relevant) | {:.2} million lines/s |\n",
+        k.corpus_lines,
+        k.relevant,
+        k.parser_lines_per_sec / 1e6
+    ));
+    out.push_str(&format!(
+        "| file path end to end ({} lines) | {:.2} million lines/s ({:.2} s) |\n",
+        k.file_lines,
+        k.file_lines as f64 / k.file_secs / 1e6,
+        k.file_secs
+    ));
+    match k.kmsg_latency {
+        Some((p50, p95, n)) => out.push_str(&format!(
+            "| `/dev/kmsg` write to `/metrics` ({n} records) | median {p50:.1} ms, p95 {p95:.1} ms |\n"
+        )),
+        None => out.push_str("| `/dev/kmsg` write to `/metrics` | not measured (needs root) |\n"),
     }
     out
 }
