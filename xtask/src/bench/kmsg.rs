@@ -13,6 +13,9 @@ use anyhow::{Context, Result, bail};
 use super::scrape;
 use crate::{root, sim_config};
 
+/// Median and 95th percentile (ms) of the `/dev/kmsg` latency, and the number of samples.
+type Latency = Option<(f64, f64, usize)>;
+
 /// What was measured.
 pub struct Figures {
     pub corpus_lines: u64,
@@ -20,8 +23,7 @@ pub struct Figures {
     pub parser_lines_per_sec: f64,
     pub file_lines: u64,
     pub file_secs: f64,
-    /// Median and 95th percentile (ms) over the samples, and their number.
-    pub kmsg_latency: Option<(f64, f64, usize)>,
+    pub kmsg_latency: Latency,
 }
 
 const NOISE: &[&str] = &[
@@ -129,7 +131,7 @@ pub fn run(bin: &Path, smoke: bool, dir: &Path) -> Result<Figures> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting junction")?;
-    let result = (|| -> Result<(f64, Option<(f64, f64, usize)>)> {
+    let result = (|| -> Result<(f64, Latency)> {
         let ready = Instant::now();
         while !scrape(port).is_ok_and(|b| b.contains("junction_kmsg_records_total")) {
             if ready.elapsed() > Duration::from_secs(60) {
@@ -178,7 +180,7 @@ pub fn run(bin: &Path, smoke: bool, dir: &Path) -> Result<Figures> {
 }
 
 /// Writes XID records to `/dev/kmsg` (root only) and times each until `/metrics` counts it.
-fn kmsg_latency(port: u16, domain: u32, smoke: bool) -> Result<Option<(f64, f64, usize)>> {
+fn kmsg_latency(port: u16, domain: u32, smoke: bool) -> Result<Latency> {
     let Ok(mut dev) = std::fs::OpenOptions::new().write(true).open("/dev/kmsg") else {
         println!("kmsg latency: /dev/kmsg is not writable here (needs root); skipped");
         return Ok(None);
