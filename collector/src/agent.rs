@@ -35,6 +35,9 @@ pub type Start = fn(Arc<Config>, Ctx) -> BoxFuture<anyhow::Result<tokio::task::J
 /// Collects once into the model, for `junction once` and `junction inventory`.
 pub type Once = fn(Arc<Config>, Arc<Model>) -> BoxFuture<anyhow::Result<()>>;
 
+/// Says how a component stands (attached, off and why) for `junction inventory`.
+pub type Inspect = fn(Arc<Config>, Arc<Model>) -> BoxFuture<()>;
+
 /// A source or a sink.
 pub struct Component {
     /// Its name (`junction.source`, the config table's name).
@@ -45,4 +48,6 @@ pub struct Component {
     pub start: Start,
     /// One collection (sources that have one).
     pub once: Option<Once>,
+    /// A status check for `junction inventory` (components whose state is not data).
+    pub inspect: Option<Inspect>,
 }

@@ -4,6 +4,7 @@
 mod support;
 
 mod config_errors;
+mod ebpf;
 mod faults;
 mod kmsg;
 mod otlp;

@@ -221,6 +221,9 @@ fn demo() -> Result<()> {
 fn test() -> Result<()> {
     let env = setup::test_dependencies()?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
+    // Before anything compiles Junction: it embeds the object when it exists.
+    let obj = build_ebpf()?;
+    println!("BPF object: {}", obj.display());
     run(cargo().args([
         "clippy",
         "--workspace",
@@ -230,8 +233,6 @@ fn test() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    let obj = build_ebpf()?;
-    println!("BPF object: {}", obj.display());
     let sim = nvml_sim()?;
     println!("NVML simulator: {}", sim.display());
     bench::run(true)?;
@@ -249,8 +250,7 @@ fn test() -> Result<()> {
     } else {
         c.args(["test", "--workspace", "--no-fail-fast"]);
     }
-    c.env("JUNCTION_PYTHON", &env.python)
-        .env("JUNCTION_BPF_OBJECT", &obj);
+    c.env("JUNCTION_PYTHON", &env.python);
     run(&mut c)?;
     // The real-GPU comparison: a dry run here (no GPU), kept from rotting.
     gpu_check::run_check()

@@ -40,6 +40,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     let mut signals = Signals::new();
     let model = Model::new();
+    model.processes.set_proc_root(config.proc_root.clone());
     model.open_state(&config.state_dir, &config.proc_root);
     let (stop_sources, stop_sinks) = (Shutdown::default(), Shutdown::default());
     let mut sink_tasks = Vec::new();
@@ -125,9 +126,10 @@ impl Signals {
 
 /// One collection by every enabled source that has one. A source that fails is reported;
 /// the command fails only if nothing could be collected.
-fn collect_once(config: Config) -> anyhow::Result<Arc<Model>> {
+fn collect_once(config: Config, inspect: bool) -> anyhow::Result<Arc<Model>> {
     let config = Arc::new(config);
     let model = Model::new();
+    model.processes.set_proc_root(config.proc_root.clone());
     let rt = runtime()?;
     let result = rt.block_on(async {
         let mut failures = Vec::new();
@@ -137,6 +139,13 @@ fn collect_once(config: Config) -> anyhow::Result<Arc<Model>> {
             ran += 1;
             if let Err(e) = once(config.clone(), model.clone()).await {
                 failures.push(format!("{} source failed: {e:#}", source.name));
+            }
+        }
+        if inspect {
+            for c in sources::ALL.iter().chain(sinks::ALL) {
+                if let Some(check) = c.inspect {
+                    check(config.clone(), model.clone()).await;
+                }
             }
         }
         match (ran, failures.len()) {
@@ -156,7 +165,7 @@ fn collect_once(config: Config) -> anyhow::Result<Arc<Model>> {
 
 /// `junction once`: one collection, printed.
 pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
-    let model = collect_once(config)?;
+    let model = collect_once(config, false)?;
     let text = match format {
         Format::Prometheus => prometheus::render(&model),
         Format::Json => serde_json::to_string_pretty(&json(&model))? + "\n",
@@ -168,7 +177,7 @@ pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
 
 /// `junction inventory`: GPUs, supported and disabled features, health.
 pub fn inventory(config: Config, format: InventoryFormat) -> anyhow::Result<()> {
-    let model = collect_once(config)?;
+    let model = collect_once(config, true)?;
     match format {
         InventoryFormat::Json => {
             println!("{}", serde_json::to_string_pretty(&inventory_json(&model))?)

@@ -68,7 +68,7 @@ pub fn inventory_json(model: &Model) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({ "driver": model.driver(), "gpus": gpus })
+    serde_json::json!({ "driver": model.driver(), "gpus": gpus, "sources": model.source_details() })
 }
 
 /// `junction inventory`.
@@ -114,6 +114,12 @@ pub fn inventory_table(model: &Model) -> String {
             for (feature, why) in &g.disabled {
                 let _ = writeln!(out, "    {feature}: {why}");
             }
+        }
+    }
+    for (source, lines) in model.source_details() {
+        let _ = writeln!(out, "\nSource {source}:");
+        for l in lines {
+            let _ = writeln!(out, "  {l}");
         }
     }
     out
@@ -206,18 +212,26 @@ pub fn table(model: &Model) -> String {
     if !procs.is_empty() {
         let _ = writeln!(
             out,
-            "\nProcesses:\n{:>3}  {:>8}  {:<9} {:<24} {:>12}",
-            "GPU", "PID", "Type", "Name", "GPU Memory"
+            "\nProcesses:\n{:>3}  {:>8}  {:<9} {:<24} {:>12}  {:<12}  {:<36}",
+            "GPU", "PID", "Type", "Name", "GPU Memory", "Container", "Pod UID"
         );
         for (g, s) in procs {
+            let container: String = s
+                .attr("container.id")
+                .unwrap_or("-")
+                .chars()
+                .take(12)
+                .collect();
             let _ = writeln!(
                 out,
-                "{:>3}  {:>8}  {:<9} {:<24} {:>9.0}MiB",
+                "{:>3}  {:>8}  {:<9} {:<24} {:>9.0}MiB  {:<12}  {:<36}",
                 g.info.index,
                 s.attr("process.pid").unwrap_or("-"),
                 s.attr("gpu.process.type").unwrap_or("-"),
                 s.attr("process.executable.name").unwrap_or("-"),
-                s.value / MIB
+                s.value / MIB,
+                container,
+                s.attr("k8s.pod.uid").unwrap_or("-"),
             );
         }
     }

@@ -128,6 +128,9 @@ config_section! {
         pub nvml: crate::sources::nvml::NvmlConfig = Default::default(),
         /// The kernel log: XID and SXid errors from /dev/kmsg and kernel-log files.
         pub kmsg: crate::sources::kmsg::KmsgConfig = Default::default(),
+        /// eBPF: per-process NVIDIA driver calls, GPU memory and contexts, joined with
+        /// containers and pods.
+        pub ebpf: crate::sources::ebpf::EbpfConfig = Default::default(),
     }
 }
 
@@ -181,6 +184,7 @@ impl Config {
         }
         self.sources.nvml.validate("sources.nvml", &mut out);
         self.sources.kmsg.validate("sources.kmsg", &mut out);
+        self.sources.ebpf.validate("sources.ebpf", &mut out);
         self.sinks.otlp.validate("sinks.otlp", &mut out);
         out
     }

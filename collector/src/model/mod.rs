@@ -3,6 +3,7 @@
 
 pub mod events;
 pub mod health;
+pub mod processes;
 pub mod registry;
 pub mod state;
 pub mod view;
@@ -188,6 +189,7 @@ type Sets = BTreeMap<(&'static str, String), Arc<Vec<Sample>>>;
 pub struct Model {
     gpus: Mutex<Vec<Arc<Mutex<GpuSlot>>>>,
     sources: Mutex<BTreeMap<&'static str, bool>>,
+    source_details: Mutex<BTreeMap<&'static str, Vec<String>>>,
     driver: Mutex<Option<DriverInfo>>,
     sets: Mutex<Sets>,
     /// Events: health transitions, XIDs, …
@@ -196,6 +198,8 @@ pub struct Model {
     pub health: health::Health,
     /// XID counters and checkpoints.
     pub xids: xid::Xids,
+    /// Who each pid is (name, container, pod), shared by per-process sources.
+    pub processes: processes::Processes,
     /// Set once the GPU inventory is known (NVML has listed the GPUs, or failed to).
     inventory: (Mutex<bool>, std::sync::Condvar),
 }
@@ -261,6 +265,17 @@ impl Model {
     /// Records whether a source is up.
     pub fn set_source_up(&self, source: &'static str, up: bool) {
         lock(&self.sources).insert(source, up);
+    }
+
+    /// Records what a source says about itself for `junction inventory` (how it is attached,
+    /// why it is off).
+    pub fn set_source_detail(&self, source: &'static str, lines: Vec<String>) {
+        lock(&self.source_details).insert(source, lines);
+    }
+
+    /// What each source said about itself.
+    pub fn source_details(&self) -> BTreeMap<&'static str, Vec<String>> {
+        lock(&self.source_details).clone()
     }
 
     /// Source up flags.

@@ -7,7 +7,6 @@
 //! twice nor misses one; a new boot starts clean.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -133,7 +132,6 @@ struct Inner {
 pub struct Xids {
     inner: Mutex<Inner>,
     state: Mutex<Option<StateDir>>,
-    proc_root: Mutex<PathBuf>,
 }
 
 /// The health-reason codes XIDs raise.
@@ -187,7 +185,6 @@ impl Model {
             };
         }
         *lock(&self.xids.state) = Some(state);
-        *lock(&self.xids.proc_root) = proc_root.to_path_buf();
         self.publish_xids();
     }
 
@@ -344,14 +341,22 @@ impl Model {
         }
         if let Some(pid) = r.pid {
             e = e.with("process.pid", pid.to_string());
-            let name = r.process.clone().or_else(|| {
-                let root = lock(&self.xids.proc_root).clone();
-                std::fs::read_to_string(root.join(pid.to_string()).join("comm"))
-                    .ok()
-                    .map(|c| c.trim().to_string())
-            });
-            if let Some(n) = name.filter(|n| !n.is_empty()) {
-                e = e.with("process.executable.name", n);
+            // Who it is (name, container, pod) from the process table; the log line's name
+            // wins (the process may be gone).
+            let hint = super::processes::Hint {
+                comm: r.process.clone().unwrap_or_default(),
+                cgroup: None,
+            };
+            let info = self.processes.identify(pid, Some(&hint));
+            let name = r.process.clone().unwrap_or_else(|| info.name.clone());
+            if !name.is_empty() {
+                e = e.with("process.executable.name", name);
+            }
+            if let Some(c) = &info.container_id {
+                e = e.with("container.id", c.clone());
+            }
+            if let Some(p) = &info.pod_uid {
+                e = e.with("k8s.pod.uid", p.clone());
             }
         }
         if let Some(gi) = r.gpu_instance {

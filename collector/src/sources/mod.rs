@@ -2,10 +2,11 @@
 //! loudly) and then run (a loop that never dies on one bad read). Each has a folder and one
 //! line in [`ALL`].
 
+pub mod ebpf;
 pub mod kmsg;
 pub mod nvml;
 
 use crate::agent::Component;
 
 /// Every source, in start order.
-pub const ALL: &[Component] = &[nvml::COMPONENT, kmsg::COMPONENT];
+pub const ALL: &[Component] = &[nvml::COMPONENT, kmsg::COMPONENT, ebpf::COMPONENT];

@@ -80,10 +80,14 @@ pub fn empty_proc() -> PathBuf {
     dir
 }
 
+/// What [`sim_config`] says about eBPF: off, so that tests of other parts do not each load
+/// BPF programs (the eBPF tests replace this table).
+pub const EBPF_OFF: &str = "[sources.ebpf]\nenabled = false\n";
+
 /// A config that points at the simulator and collects every group every second.
 pub fn sim_config(variant: &str, port: u16, extra: &str) -> String {
     let mut s = format!(
-        "proc_root = {:?}\nstate_dir = {:?}\n\n[sources.nvml]\nlibrary = {:?}\ncall_timeout_ms = 500\n{extra}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
+        "proc_root = {:?}\nstate_dir = {:?}\n\n[sources.nvml]\nlibrary = {:?}\ncall_timeout_ms = 500\n{extra}\n{EBPF_OFF}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
         empty_proc().display().to_string(),
         temp_dir().join("state").display().to_string(),
         sim_lib(variant).display().to_string()

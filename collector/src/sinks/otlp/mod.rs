@@ -172,6 +172,7 @@ pub const COMPONENT: Component = Component {
     enabled: |c| c.sinks.otlp.enabled,
     start: |c, ctx| Box::pin(start(c, ctx)),
     once: None,
+    inspect: None,
 };
 
 /// Resolves the settings (a bad `OTEL_*` variable fails the start, naming it), builds the

@@ -40,6 +40,7 @@ pub const COMPONENT: Component = Component {
         })
     },
     once: None,
+    inspect: None,
 };
 
 /// Renders the whole model as Prometheus text.

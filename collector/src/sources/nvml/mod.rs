@@ -211,12 +211,13 @@ pub const COMPONENT: Component = Component {
     once: Some(|c, model| {
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
-                NvmlSource::build(&c.sources.nvml, &c.proc_root, model).map(|s| s.collect_once())
+                NvmlSource::build(&c.sources.nvml, model).map(|s| s.collect_once())
             })
             .await??;
             Ok(())
         })
     }),
+    inspect: None,
 };
 
 /// Builds the source off the async workers (a hung `nvmlInit` must neither hide `/metrics`
@@ -226,7 +227,7 @@ async fn run(config: Arc<Config>, ctx: Ctx) {
     ctx.model.set_source_up("nvml", false);
     let (model, shutdown) = (ctx.model.clone(), ctx.shutdown.clone());
     let build = tokio::task::spawn_blocking(move || {
-        NvmlSource::build(&config.sources.nvml, &config.proc_root, model).map(|s| s.start(shutdown))
+        NvmlSource::build(&config.sources.nvml, model).map(|s| s.start(shutdown))
     });
     let model = ctx.model.clone();
     let workers = tokio::select! {
@@ -293,17 +294,12 @@ pub struct NvmlSource {
     model: Arc<Model>,
     config: NvmlConfig,
     layout: V3Layout,
-    proc_root: std::path::PathBuf,
     gpus: Vec<Arc<std::sync::Mutex<crate::model::GpuSlot>>>,
 }
 
 impl NvmlSource {
     /// Loads NVML, reads every GPU's identity and adds it to the model.
-    pub fn build(
-        config: &NvmlConfig,
-        proc_root: &std::path::Path,
-        model: Arc<Model>,
-    ) -> Result<Self, BuildError> {
+    pub fn build(config: &NvmlConfig, model: Arc<Model>) -> Result<Self, BuildError> {
         // nvmlInit can hang on a wedged driver: run it on its own thread under a deadline.
         // Nothing is added to the model until it has returned.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -334,7 +330,6 @@ impl NvmlSource {
             model,
             config: config.clone(),
             layout,
-            proc_root: proc_root.to_path_buf(),
             gpus,
         })
     }
@@ -357,7 +352,6 @@ impl NvmlSource {
             self.model,
             &self.config,
             self.layout,
-            self.proc_root,
             self.gpus,
             shutdown,
             false,
@@ -373,7 +367,6 @@ impl NvmlSource {
             self.model,
             &self.config,
             self.layout,
-            self.proc_root,
             self.gpus,
             shutdown.clone(),
             true,

@@ -2,7 +2,6 @@
 //! GPUs that need a reset, and re-probes features that were unsupported.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -71,7 +70,7 @@ enum Retry {
 /// What a worker needs while collecting.
 pub struct Ctx<'n> {
     pub nvml: &'n Nvml,
-    model: &'n Model,
+    pub model: &'n Model,
     pub dev: Device<'n>,
     pub slot: Arc<Mutex<GpuSlot>>,
     busy: Arc<Mutex<Busy>>,
@@ -81,7 +80,8 @@ pub struct Ctx<'n> {
     pub mig_devices: Vec<MigDevice>,
     /// MIG mode seen by the last MIG collection.
     pub mig_mode: Option<bool>,
-    pub proc_names: BTreeMap<u32, String>,
+    /// Per-process attributes (name, container, pod), cached for the live process list.
+    pub proc_names: BTreeMap<u32, Vec<(&'static str, crate::model::AttrValue)>>,
     /// Newest per-process utilization timestamp seen (µs, CPU clock); 0 before the first.
     pub last_process_sample: u64,
     /// The processes group's interval: the first per-process utilization read asks for this
@@ -89,8 +89,6 @@ pub struct Ctx<'n> {
     pub process_window: Duration,
     /// How this driver lays out `_v3` process entries when the written bytes do not say.
     pub layout: V3Layout,
-    /// Where `/proc` is (a container may mount the host's elsewhere).
-    pub proc_root: PathBuf,
     /// Features disabled on this GPU (mirrors the slot's map without taking its lock).
     disabled: BTreeMap<Feature, Retry>,
     /// Features being tried again after a re-probe.
@@ -278,7 +276,6 @@ struct Shared {
     retry_max: Duration,
     reprobe_every: Duration,
     layout: V3Layout,
-    proc_root: PathBuf,
     shutdown: Shutdown,
     once: bool,
     done: Arc<(Mutex<usize>, Condvar)>,
@@ -287,16 +284,11 @@ struct Shared {
 
 /// Starts the GPU threads, the watchdog and the start-up report. With `once`, each thread
 /// runs every group once.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the source's parts, handed over once at start"
-)]
 pub fn start(
     nvml: Arc<Nvml>,
     model: Arc<Model>,
     config: &NvmlConfig,
     layout: V3Layout,
-    proc_root: PathBuf,
     slots: Vec<Arc<Mutex<GpuSlot>>>,
     shutdown: Shutdown,
     once: bool,
@@ -310,7 +302,6 @@ pub fn start(
         retry_max: Duration::from_secs(config.lost_retry_max_secs.max(1)),
         reprobe_every: Duration::from_secs(config.reprobe_interval_secs.max(1)),
         layout,
-        proc_root,
         shutdown: shutdown.clone(),
         once,
         done: Arc::new((Mutex::new(0usize), Condvar::new())),
@@ -443,7 +434,6 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
         last_process_sample: 0,
         process_window,
         layout: sh.layout,
-        proc_root: sh.proc_root.clone(),
         disabled: BTreeMap::new(),
         reprobing: BTreeSet::new(),
         warned: BTreeMap::new(),

@@ -8,7 +8,8 @@ use nvml_wrapper::struct_wrappers::device::{MemoryInfo, ProcessUtilizationSample
 
 use super::raw::{self, ProcessKind, RawProcess};
 use super::{MigDevice, pct};
-use crate::model::{Metric, Sample};
+use crate::model::processes::basename;
+use crate::model::{AttrValue, Metric, Sample};
 use crate::sources::nvml::worker::{Ctx, Halt};
 
 /// `nvmlSystemGetProcessName` crops the name to the buffer it is given and still succeeds
@@ -35,13 +36,12 @@ pub(super) fn processes(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), 
     let live: Vec<u32> = all.iter().map(|(p, _)| p.pid).collect();
     ctx.proc_names.retain(|pid, _| live.contains(pid));
     for (p, kind) in &all {
-        let name = process_name(ctx, p.pid)?;
+        let attrs = process_attrs(ctx, p.pid)?;
         // "Not available" memory is no reading: the process is counted, not exported as 0.
         let Some(used) = p.used else { continue };
-        let mut s = Sample::new(Metric::ProcessMemory, used as f64)
-            .with("process.pid", p.pid.to_string())
-            .with("process.executable.name", name)
-            .with("gpu.process.type", *kind);
+        let mut s = Sample::new(Metric::ProcessMemory, used as f64);
+        s.attrs = attrs;
+        s = s.with("gpu.process.type", *kind);
         if let Some(gi) = p.gpu_instance {
             s = s.with("gpu.mig.gpu_instance_id", gi.to_string());
         }
@@ -83,7 +83,7 @@ fn utilization(ctx: &mut Ctx<'_>, live: &[u32], out: &mut Vec<Sample>) -> Result
         ctx.last_process_sample = ctx.last_process_sample.max(u.timestamp);
     }
     for (pid, u) in newest {
-        let name = process_name(ctx, pid)?;
+        let attrs = process_attrs(ctx, pid)?;
         for (v, task) in [
             (u.sm_util, "general"),
             (u.mem_util, "memory"),
@@ -93,12 +93,9 @@ fn utilization(ctx: &mut Ctx<'_>, live: &[u32], out: &mut Vec<Sample>) -> Result
             if v > 100 {
                 continue;
             }
-            out.push(
-                Sample::new(Metric::ProcessUtilization, pct(v))
-                    .with("process.pid", pid.to_string())
-                    .with("process.executable.name", name.clone())
-                    .with("hw.gpu.task", task),
-            );
+            let mut s = Sample::new(Metric::ProcessUtilization, pct(v));
+            s.attrs = attrs.clone();
+            out.push(s.with("hw.gpu.task", task));
         }
     }
     Ok(())
@@ -125,49 +122,37 @@ fn newest_per_pid(
     newest
 }
 
-/// A process's executable name, cached per pid (bounded by the live process list): the
-/// basename of `/proc/PID/exe`, else `/proc/PID/comm`, else NVML's name (read into a
-/// `PATH_MAX` buffer: a 64-byte one turns long interpreter or venv paths into wrong names).
+/// Who a process is (name, container, pod), from the model's process table (read from
+/// `/proc` once per process). Where `/proc` does not show it, the name is NVML's (read into
+/// a `PATH_MAX` buffer: a 64-byte one turns long interpreter or venv paths into wrong names).
 /// NVML pids are the host's: in a container, `/proc` is the host's only with `hostPID`.
-pub(super) fn process_name(ctx: &mut Ctx<'_>, pid: u32) -> Result<String, Halt> {
-    if let Some(n) = ctx.proc_names.get(&pid) {
-        return Ok(n.clone());
+pub(super) fn process_attrs(
+    ctx: &mut Ctx<'_>,
+    pid: u32,
+) -> Result<Vec<(&'static str, AttrValue)>, Halt> {
+    if let Some(a) = ctx.proc_names.get(&pid) {
+        return Ok(a.clone());
     }
-    let name = match proc_name(&ctx.proc_root, pid) {
-        Some(n) => n,
-        None => {
-            let nvml = ctx.nvml;
-            // NOT_FOUND: the process has exited since the list was read.
-            let name = ctx.call("process_name", |_| {
-                match nvml.sys_process_name(pid, PROCESS_NAME_BUFFER) {
-                    Err(NvmlError::NotFound) => Ok(String::new()),
-                    r => r,
-                }
-            })?;
-            basename(&name.unwrap_or_default()).to_string()
-        }
-    };
-    ctx.proc_names.insert(pid, name.clone());
-    Ok(name)
-}
-
-/// The executable's name from `/proc`, when the process is visible there.
-fn proc_name(proc_root: &std::path::Path, pid: u32) -> Option<String> {
-    let dir = proc_root.join(pid.to_string());
-    if let Ok(exe) = std::fs::read_link(dir.join("exe")) {
-        let exe = exe.to_string_lossy();
-        let name = basename(exe.trim_end_matches(" (deleted)"));
-        if !name.is_empty() {
-            return Some(name.to_string());
+    let info = ctx.model.processes.identify(pid, None);
+    let mut attrs = info.attrs();
+    if info.name.is_empty() {
+        let nvml = ctx.nvml;
+        // NOT_FOUND: the process has exited since the list was read.
+        let name = ctx.call("process_name", |_| {
+            match nvml.sys_process_name(pid, PROCESS_NAME_BUFFER) {
+                Err(NvmlError::NotFound) => Ok(String::new()),
+                r => r,
+            }
+        })?;
+        let name = basename(&name.unwrap_or_default()).to_string();
+        for (k, v) in &mut attrs {
+            if *k == "process.executable.name" {
+                *v = name.clone().into();
+            }
         }
     }
-    let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
-    let comm = comm.trim_end_matches('\n');
-    (!comm.is_empty()).then(|| comm.to_string())
-}
-
-fn basename(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or_default()
+    ctx.proc_names.insert(pid, attrs.clone());
+    Ok(attrs)
 }
 
 pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
@@ -276,16 +261,5 @@ mod tests {
         );
         assert_eq!(got.len(), 1, "pid 2 is stale, pid 3 not live: {got:?}");
         assert_eq!(got[&1].sm_util, 90);
-    }
-
-    #[test]
-    fn names_come_from_proc_when_visible() {
-        let dir = std::env::temp_dir().join(format!("junction-proc-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("77")).expect("dir");
-        std::fs::write(dir.join("77/comm"), "trainer\n").expect("comm");
-        assert_eq!(proc_name(&dir, 77).as_deref(), Some("trainer"));
-        assert_eq!(proc_name(&dir, 78), None);
-        assert_eq!(basename("/opt/venv/bin/python3.11"), "python3.11");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

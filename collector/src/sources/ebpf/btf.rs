@@ -1,0 +1,347 @@
+//! Kernel struct offsets from BTF (`/sys/kernel/btf/vmlinux`).
+//!
+//! Rust BPF programs get no CO-RE relocations, so the offsets of the fields the programs walk
+//! (`task_struct.files`, `files_struct.fdt`, `fdtable.{max_fds,fd}`, `file.f_inode`,
+//! `inode.i_rdev`) are read from the running kernel's BTF at start-up and passed in as a
+//! global. Only what that needs is parsed: the header, the string section, and the type
+//! records (each kind's trailing data is skipped by its documented size,
+//! `Documentation/bpf/btf.rst`). Anonymous struct and union members are searched through.
+
+use std::collections::HashMap;
+
+use junction_common::Offsets;
+
+/// Why offsets could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    /// The file is not BTF or is cut short.
+    #[error("not a BTF blob: {0}")]
+    Format(&'static str),
+    /// A type kind this parser does not know (a newer kernel): its size is unknown.
+    #[error("unknown BTF kind {0}")]
+    UnknownKind(u32),
+    /// A struct or field is not there.
+    #[error("{0} not found in the kernel's BTF")]
+    Missing(String),
+}
+
+const KIND_INT: u32 = 1;
+const KIND_ARRAY: u32 = 3;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_VOLATILE: u32 = 9;
+const KIND_CONST: u32 = 10;
+const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
+const KIND_DECL_TAG: u32 = 17;
+const KIND_TYPE_TAG: u32 = 18;
+const KIND_ENUM64: u32 = 19;
+
+#[derive(Debug, Clone)]
+struct Member {
+    name: u32,
+    ty: u32,
+    bit_offset: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Type {
+    name: u32,
+    kind: u32,
+    /// The referenced type (typedef, modifiers).
+    ty: u32,
+    members: Vec<Member>,
+}
+
+/// The parsed type section.
+pub struct Btf {
+    strings: Vec<u8>,
+    /// Index = type id (0 is `void`).
+    types: Vec<Type>,
+    structs: HashMap<String, u32>,
+}
+
+fn u32_at(b: &[u8], off: usize) -> Result<u32, BtfError> {
+    b.get(off..off + 4)
+        .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+        .ok_or(BtfError::Format("truncated"))
+}
+
+impl Btf {
+    /// Parses a little-endian BTF blob.
+    pub fn parse(b: &[u8]) -> Result<Self, BtfError> {
+        if b.len() < 24 || b[0..2] != [0x9F, 0xEB] {
+            return Err(BtfError::Format("bad magic (big-endian or not BTF)"));
+        }
+        let hdr_len = u32_at(b, 4)? as usize;
+        let (type_off, type_len) = (u32_at(b, 8)? as usize, u32_at(b, 12)? as usize);
+        let (str_off, str_len) = (u32_at(b, 16)? as usize, u32_at(b, 20)? as usize);
+        let types_bytes = b
+            .get(hdr_len + type_off..hdr_len + type_off + type_len)
+            .ok_or(BtfError::Format("type section out of bounds"))?;
+        let strings = b
+            .get(hdr_len + str_off..hdr_len + str_off + str_len)
+            .ok_or(BtfError::Format("string section out of bounds"))?
+            .to_vec();
+        let mut types = vec![Type {
+            name: 0,
+            kind: 0,
+            ty: 0,
+            members: Vec::new(),
+        }];
+        let mut off = 0;
+        while off < types_bytes.len() {
+            let name = u32_at(types_bytes, off)?;
+            let info = u32_at(types_bytes, off + 4)?;
+            let size_or_type = u32_at(types_bytes, off + 8)?;
+            off += 12;
+            let vlen = (info & 0xFFFF) as usize;
+            let kind = (info >> 24) & 0x1F;
+            let kind_flag = info >> 31 == 1;
+            let mut members = Vec::new();
+            let extra = match kind {
+                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+                KIND_ARRAY => 12,
+                KIND_STRUCT | KIND_UNION => {
+                    for i in 0..vlen {
+                        let m = off + i * 12;
+                        let raw = u32_at(types_bytes, m + 8)?;
+                        members.push(Member {
+                            name: u32_at(types_bytes, m)?,
+                            ty: u32_at(types_bytes, m + 4)?,
+                            bit_offset: if kind_flag { raw & 0xFF_FFFF } else { raw },
+                        });
+                    }
+                    vlen * 12
+                }
+                KIND_ENUM | KIND_FUNC_PROTO => vlen * 8,
+                KIND_DATASEC | KIND_ENUM64 => vlen * 12,
+                2 | 7 | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | 12 | 16
+                | KIND_TYPE_TAG => 0,
+                k => return Err(BtfError::UnknownKind(k)),
+            };
+            off += extra;
+            types.push(Type {
+                name,
+                kind,
+                ty: size_or_type,
+                members,
+            });
+        }
+        let mut btf = Self {
+            strings,
+            types,
+            structs: HashMap::new(),
+        };
+        for (id, t) in btf.types.iter().enumerate() {
+            // The first complete definition wins (a forward declaration has kind FWD).
+            if t.kind == KIND_STRUCT && t.name != 0 {
+                let name = btf.name(t.name).to_string();
+                btf.structs.entry(name).or_insert(id as u32);
+            }
+        }
+        Ok(btf)
+    }
+
+    fn name(&self, off: u32) -> &str {
+        let rest = self.strings.get(off as usize..).unwrap_or_default();
+        let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
+        std::str::from_utf8(&rest[..end]).unwrap_or("")
+    }
+
+    /// Follows typedefs and modifiers to the underlying type id.
+    fn resolve(&self, mut id: u32) -> u32 {
+        for _ in 0..32 {
+            match self.types.get(id as usize) {
+                Some(t)
+                    if matches!(
+                        t.kind,
+                        KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG
+                    ) =>
+                {
+                    id = t.ty
+                }
+                _ => break,
+            }
+        }
+        id
+    }
+
+    /// The bit offset of `field` in the struct or union `id`, looking inside anonymous
+    /// members.
+    fn member_bits(&self, id: u32, field: &str, depth: u32) -> Option<u32> {
+        let t = self.types.get(self.resolve(id) as usize)?;
+        if depth > 8 || !matches!(t.kind, KIND_STRUCT | KIND_UNION) {
+            return None;
+        }
+        for m in &t.members {
+            if m.name == 0 {
+                if let Some(inner) = self.member_bits(m.ty, field, depth + 1) {
+                    return Some(m.bit_offset + inner);
+                }
+            } else if self.name(m.name) == field {
+                return Some(m.bit_offset);
+            }
+        }
+        None
+    }
+
+    /// The byte offset of `strukt.field`.
+    pub fn offset(&self, strukt: &str, field: &str) -> Result<u32, BtfError> {
+        let id = *self
+            .structs
+            .get(strukt)
+            .ok_or_else(|| BtfError::Missing(format!("struct {strukt}")))?;
+        let bits = self
+            .member_bits(id, field, 0)
+            .ok_or_else(|| BtfError::Missing(format!("{strukt}.{field}")))?;
+        if bits % 8 != 0 {
+            return Err(BtfError::Missing(format!("{strukt}.{field} (a bitfield)")));
+        }
+        Ok(bits / 8)
+    }
+
+    /// The offsets the programs need.
+    pub fn offsets(&self) -> Result<Offsets, BtfError> {
+        Ok(Offsets {
+            task_files: self.offset("task_struct", "files")?,
+            files_fdt: self.offset("files_struct", "fdt")?,
+            fdt_max_fds: self.offset("fdtable", "max_fds")?,
+            fdt_fd: self.offset("fdtable", "fd")?,
+            file_inode: self.offset("file", "f_inode")?,
+            inode_rdev: self.offset("inode", "i_rdev")?,
+            task_group_leader: self.offset("task_struct", "group_leader")?,
+            task_comm: self.offset("task_struct", "comm")?,
+            exit_group_dead: 0,
+            valid: 1,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A blob with `struct inner { int a; union { int b; int i_rdev; }; }` and
+    /// `struct inode { int x; int y; struct inner in; }` built by hand.
+    fn blob() -> Vec<u8> {
+        let strings = b"\0int\0a\0b\0i_rdev\0inner\0inode\0x\0y\0in\0".to_vec();
+        let s = |name: &str| {
+            let pos = strings
+                .windows(name.len() + 2)
+                .position(|w| {
+                    w[0] == 0 && &w[1..=name.len()] == name.as_bytes() && w[name.len() + 1] == 0
+                })
+                .expect("string");
+            (pos + 1) as u32
+        };
+        let mut t = Vec::new();
+        let mut push = |words: &[u32]| {
+            for w in words {
+                t.extend_from_slice(&w.to_le_bytes());
+            }
+        };
+        // 1: int (INT, size 4, encoding word).
+        push(&[s("int"), KIND_INT << 24, 4, 32]);
+        // 2: anonymous union { int b @0; int i_rdev @0 }.
+        push(&[
+            0,
+            (KIND_UNION << 24) | 2,
+            4,
+            s("b"),
+            1,
+            0,
+            s("i_rdev"),
+            1,
+            0,
+        ]);
+        // 3: struct inner { int a @0; <anon union> @32 bits }.
+        push(&[
+            s("inner"),
+            (KIND_STRUCT << 24) | 2,
+            8,
+            s("a"),
+            1,
+            0,
+            0,
+            2,
+            32,
+        ]);
+        // 4: const struct inner (a modifier to follow).
+        push(&[0, KIND_CONST << 24, 3]);
+        // 5: struct inode { int x @0; int y @32; const struct inner in @64 }.
+        push(&[
+            s("inode"),
+            (KIND_STRUCT << 24) | 3,
+            16,
+            s("x"),
+            1,
+            0,
+            s("y"),
+            1,
+            32,
+            s("in"),
+            4,
+            64,
+        ]);
+        let mut b = Vec::new();
+        b.extend_from_slice(&[0x9F, 0xEB, 1, 0]);
+        for w in [
+            24u32,
+            0,
+            t.len() as u32,
+            t.len() as u32,
+            strings.len() as u32,
+        ] {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        b.extend_from_slice(&t);
+        b.extend_from_slice(&strings);
+        b
+    }
+
+    #[test]
+    fn offsets_through_anonymous_members() {
+        let btf = Btf::parse(&blob()).expect("parse");
+        assert_eq!(btf.offset("inner", "a").ok(), Some(0));
+        assert_eq!(btf.offset("inner", "i_rdev").ok(), Some(4));
+        assert_eq!(btf.offset("inode", "y").ok(), Some(4));
+        assert!(matches!(
+            btf.offset("inode", "zz"),
+            Err(BtfError::Missing(_))
+        ));
+        assert!(matches!(
+            btf.offset("file", "f_inode"),
+            Err(BtfError::Missing(_))
+        ));
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(Btf::parse(b"hello world, not btf at all").is_err());
+        let mut b = blob();
+        b.truncate(40);
+        assert!(Btf::parse(&b).is_err());
+    }
+
+    #[test]
+    fn this_kernel() {
+        // Where the kernel has BTF: the offsets are sane (non-zero where they cannot be 0).
+        let Ok(bytes) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+            eprintln!("SKIPPED: no /sys/kernel/btf/vmlinux");
+            return;
+        };
+        let o = Btf::parse(&bytes)
+            .and_then(|b| b.offsets())
+            .expect("offsets");
+        assert!(
+            o.task_files > 0 && o.file_inode > 0 && o.inode_rdev > 0,
+            "{o:?}"
+        );
+        assert_eq!(o.valid, 1);
+    }
+}

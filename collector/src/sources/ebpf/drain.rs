@@ -1,0 +1,411 @@
+//! The drain loop (its own thread): ring-buffer records into the tracker as they come,
+//! per-process aggregates from the kernel every `interval_secs`, then the samples and events.
+
+use std::collections::HashMap as StdHashMap;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aya::maps::{Array, HashMap, MapData, RingBuf};
+use junction_common::nv::{N_OPS, Op};
+use junction_common::{
+    COUNTERS_MAP, Call, EVENTS_MAP, Exit, PROC_STATS_WORDS, ProcStats, SEEN_MAP, STATS_MAP,
+    counter, record,
+};
+
+use super::EbpfConfig;
+use super::loader::Loaded;
+use super::tracker::{Note, Tracker};
+use crate::model::events::{NewEvent, Severity};
+use crate::model::processes::{Hint, ProcessInfo, cgroup_path_by_id};
+use crate::model::{Metric, Model, Sample};
+use crate::shutdown::Shutdown;
+
+/// Where the unified cgroup hierarchy is mounted (cgroup ids are its directories' inodes).
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+struct Maps {
+    ring: RingBuf<MapData>,
+    stats: HashMap<MapData, u32, [u64; PROC_STATS_WORDS]>,
+    seen: HashMap<MapData, u64, u8>,
+    counters: Array<MapData, u64>,
+}
+
+fn maps(loaded: &mut Loaded) -> Result<Maps, String> {
+    let mut take = |name: &str| {
+        loaded
+            .bpf
+            .take_map(name)
+            .ok_or_else(|| format!("map {name} missing from the BPF object"))
+    };
+    let ring = RingBuf::try_from(take(EVENTS_MAP)?).map_err(|e| e.to_string())?;
+    let stats = HashMap::try_from(take(STATS_MAP)?).map_err(|e| e.to_string())?;
+    let seen = HashMap::try_from(take(SEEN_MAP)?).map_err(|e| e.to_string())?;
+    let counters = Array::try_from(take(COUNTERS_MAP)?).map_err(|e| e.to_string())?;
+    Ok(Maps {
+        ring,
+        stats,
+        seen,
+        counters,
+    })
+}
+
+/// Reads a `repr(C)` record of plain integers from a ring-buffer item.
+fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
+    (bytes.len() >= std::mem::size_of::<T>())
+        // SAFETY: T is a repr(C) struct of integers and byte arrays (Call, Exit): every bit
+        // pattern is valid; the length is checked; read_unaligned needs no alignment.
+        .then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// Names of device numbers, for events.
+struct DeviceNames {
+    uvm: u32,
+    caps: u32,
+    watched: Vec<(u32, String)>,
+}
+
+impl DeviceNames {
+    fn name(&self, rdev: u32) -> String {
+        let (major, minor) = (rdev >> 20, rdev & 0xFFFFF);
+        if let Some((_, p)) = self.watched.iter().find(|(r, _)| *r == rdev) {
+            return p.clone();
+        }
+        match major {
+            195 => match minor {
+                255 => "/dev/nvidiactl".into(),
+                254 => "/dev/nvidia-modeset".into(),
+                m => format!("/dev/nvidia{m}"),
+            },
+            m if m == self.uvm && minor == 1 => "/dev/nvidia-uvm-tools".into(),
+            m if m == self.uvm => "/dev/nvidia-uvm".into(),
+            m if m == self.caps => format!("/dev/nvidia-caps/nvidia-cap{minor}"),
+            _ => format!("device {major}:{minor}"),
+        }
+    }
+}
+
+struct Drain<'a> {
+    cfg: &'a EbpfConfig,
+    model: &'a Model,
+    tracker: Tracker,
+    names: DeviceNames,
+    cgroup_paths: StdHashMap<u64, Option<String>>,
+    notes: Vec<Note>,
+    /// Processes already looked up in `/proc` (done as soon as they are seen, while they
+    /// most likely still run).
+    identified: std::collections::HashSet<u32>,
+}
+
+/// Runs until `shutdown`.
+pub fn run(mut loaded: Loaded, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &Shutdown) {
+    let mut m = match maps(&mut loaded) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!(error = %e, "eBPF attribution is off: the BPF object does not match this junction; rebuild both");
+            model.set_source_up("ebpf", false);
+            return;
+        }
+    };
+    let mut d = Drain {
+        cfg,
+        model,
+        tracker: Tracker::default(),
+        names: DeviceNames {
+            uvm: loaded.uvm_major,
+            caps: loaded.caps_major,
+            watched: loaded.watched.clone(),
+        },
+        cgroup_paths: StdHashMap::new(),
+        notes: Vec::new(),
+        identified: std::collections::HashSet::new(),
+    };
+    let interval = Duration::from_secs(cfg.interval_secs.max(1));
+    let mut last = Instant::now() - interval;
+    let fd = m.ring.as_raw_fd();
+    while !shutdown.is_triggered() {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll(2) on one valid pollfd; a timeout bounds the wait so that shutdown
+        // and the interval are honoured.
+        unsafe { libc::poll(&mut pfd, 1, 200) };
+        d.records(&mut m.ring);
+        d.identify_new();
+        if last.elapsed() >= interval {
+            last = Instant::now();
+            d.refresh(&mut m);
+        }
+        d.notes_to_events();
+    }
+    // The programs detach when `loaded.bpf` drops here.
+    drop(loaded);
+    model.set_source_up("ebpf", false);
+}
+
+impl Drain<'_> {
+    fn records(&mut self, ring: &mut RingBuf<MapData>) {
+        while let Some(item) = ring.next() {
+            let kind = read::<u32>(&item).unwrap_or(0);
+            match kind {
+                record::CALL | record::DEVICE => {
+                    if let Some(c) = read::<Call>(&item) {
+                        self.tracker.call(&c, &mut self.notes);
+                    }
+                }
+                record::EXIT => {
+                    if let Some(e) = read::<Exit>(&item) {
+                        self.tracker.exit(&e, &mut self.notes);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn cgroup_path(&mut self, id: u64) -> Option<String> {
+        if id == 0 {
+            return None;
+        }
+        self.cgroup_paths
+            .entry(id)
+            .or_insert_with(|| cgroup_path_by_id(Path::new(CGROUP_ROOT), id, 50_000))
+            .clone()
+    }
+
+    /// Looks up every process not yet identified, while it most likely still runs.
+    fn identify_new(&mut self) {
+        let new: Vec<u32> = self
+            .tracker
+            .procs
+            .keys()
+            .filter(|t| !self.identified.contains(t))
+            .copied()
+            .collect();
+        for tgid in new {
+            self.identified.insert(tgid);
+            self.info(tgid);
+        }
+    }
+
+    fn identify(&mut self, pid: u32, comm: String, cgroup_id: u64) -> Arc<ProcessInfo> {
+        // Only a process already gone from /proc needs its cgroup path from the id.
+        let root = self.model.processes.proc_root();
+        let cgroup = if root.join(pid.to_string()).exists() {
+            None
+        } else {
+            self.cgroup_path(cgroup_id)
+        };
+        self.model
+            .processes
+            .identify(pid, Some(&Hint { comm, cgroup }))
+    }
+
+    fn info(&mut self, pid: u32) -> Arc<ProcessInfo> {
+        let (comm, cg) = self
+            .tracker
+            .procs
+            .get(&pid)
+            .map(|p| (p.comm.clone(), p.cgroup_id))
+            .unwrap_or_default();
+        self.identify(pid, comm, cg)
+    }
+
+    /// Aggregates from the kernel, liveness, expiry, samples.
+    fn refresh(&mut self, m: &mut Maps) {
+        let keys: std::collections::HashSet<u32> = m.stats.keys().filter_map(Result::ok).collect();
+        for tgid in &keys {
+            if let Ok(w) = m.stats.get(tgid, 0) {
+                self.tracker.stats(*tgid, ProcStats::from_words(&w));
+            }
+        }
+        self.identify_new();
+        // The exit program removes a process's kernel entry: one that is gone without its
+        // exit record having arrived (ring full) has ended.
+        let lost: Vec<u32> = self
+            .tracker
+            .procs
+            .iter()
+            .filter(|(t, p)| p.ended.is_none() && !keys.contains(t))
+            .map(|(t, _)| *t)
+            .collect();
+        for tgid in lost {
+            self.tracker.gone(tgid, &mut self.notes);
+        }
+        for (tgid, p) in &self.tracker.procs {
+            if p.ended.is_some() {
+                self.model.processes.ended(*tgid);
+            }
+        }
+        let retention = Duration::from_secs(self.cfg.exited_retention_secs);
+        for (tgid, p) in self.tracker.expire(retention) {
+            self.identified.remove(&tgid);
+            // Forget which devices it had used, so that a reused pid is new again.
+            for rdev in p.devices {
+                let _ = m.seen.remove(&((u64::from(tgid) << 32) | u64::from(rdev)));
+            }
+        }
+        self.publish(m);
+    }
+
+    fn publish(&mut self, m: &Maps) {
+        let minors: StdHashMap<u32, String> = self
+            .model
+            .snapshot()
+            .into_iter()
+            .filter_map(|g| g.info.minor_number.map(|n| (n, g.info.uuid)))
+            .collect();
+        let minor = |n: u32| minors.get(&n).cloned();
+        let mut order: Vec<(u32, Instant)> = self
+            .tracker
+            .procs
+            .iter()
+            .map(|(t, p)| (*t, p.last_active))
+            .collect();
+        order.sort_by_key(|p| std::cmp::Reverse(p.1));
+        order.truncate(self.cfg.max_processes as usize);
+        let mut out = Vec::new();
+        for (tgid, _) in order {
+            let info = self.info(tgid);
+            let attrs = info.attrs();
+            let Some(p) = self.tracker.procs.get(&tgid) else {
+                continue;
+            };
+            let sample = |metric: Metric, v: f64| {
+                let mut s = Sample::new(metric, v);
+                s.attrs = attrs.clone();
+                s
+            };
+            for (i, op) in Op::ALL.iter().enumerate().take(N_OPS) {
+                if p.stats.calls[i] == 0 {
+                    continue;
+                }
+                out.push(
+                    sample(Metric::DriverCalls, p.stats.calls[i] as f64)
+                        .with("gpu.driver.call", op.name()),
+                );
+                out.push(
+                    sample(Metric::DriverCallFailures, p.stats.failed[i] as f64)
+                        .with("gpu.driver.call", op.name()),
+                );
+                out.push(
+                    sample(Metric::DriverCallTime, p.stats.latency_ns[i] as f64 / 1e9)
+                        .with("gpu.driver.call", op.name()),
+                );
+            }
+            out.push(sample(Metric::DriverMemoryAllocated, p.allocated as f64));
+            out.push(sample(Metric::DriverMemoryFreed, p.freed as f64));
+            out.push(sample(
+                Metric::DriverMemoryMapped,
+                p.stats.mapped_bytes as f64,
+            ));
+            for (uuid, h) in self.tracker.holdings(p, &minor) {
+                out.push(
+                    sample(Metric::DriverMemoryUsage, h.memory as f64).with("hw.id", uuid.clone()),
+                );
+                out.push(sample(Metric::Contexts, h.contexts as f64).with("hw.id", uuid));
+            }
+        }
+        self.model.publish("ebpf", "processes", out);
+        let mut stats = vec![Sample::new(
+            Metric::EbpfProcesses,
+            self.tracker.procs.len() as f64,
+        )];
+        for (idx, reason) in [
+            (counter::RING_FULL, "ring_full"),
+            (counter::INFLIGHT_FULL, "inflight_full"),
+            (counter::STATS_FULL, "processes_full"),
+            (counter::READ_FAILED, "unreadable"),
+        ] {
+            let v = m.counters.get(&idx, 0).unwrap_or(0);
+            stats.push(Sample::new(Metric::EbpfLost, v as f64).with("junction.reason", reason));
+        }
+        self.model.publish("ebpf", "stats", stats);
+    }
+
+    fn notes_to_events(&mut self) {
+        for n in std::mem::take(&mut self.notes) {
+            let e = match n {
+                Note::Started { tgid, rdev } => {
+                    let info = self.info(tgid);
+                    let dev = self.names.name(rdev);
+                    with_process(
+                        NewEvent::now(
+                            Severity::Info,
+                            "gpu.process.start",
+                            format!("process {tgid} ({}) started using {dev}", info.name),
+                        ),
+                        &info,
+                    )
+                    .with("gpu.device", dev)
+                }
+                Note::GpuRegistered { tgid, uuid } => {
+                    let info = self.info(tgid);
+                    with_process(
+                        NewEvent::now(
+                            Severity::Info,
+                            "gpu.process.attach",
+                            format!("process {tgid} ({}) registered {uuid}", info.name),
+                        ),
+                        &info,
+                    )
+                    .about(uuid)
+                }
+                Note::Slow {
+                    tgid,
+                    op,
+                    command,
+                    latency,
+                } => {
+                    let info = self.info(tgid);
+                    let what = if command != 0 {
+                        format!("{} {command:#010x}", op.name())
+                    } else {
+                        op.name().to_string()
+                    };
+                    with_process(
+                        NewEvent::now(
+                            Severity::Warn,
+                            "gpu.driver.slow_call",
+                            format!(
+                                "process {tgid} ({}) waited {:.3} s in the NVIDIA driver ({what})",
+                                info.name,
+                                latency.as_secs_f64()
+                            ),
+                        ),
+                        &info,
+                    )
+                    .with("gpu.driver.call", op.name())
+                }
+                Note::Ended { tgid } => {
+                    let info = self.info(tgid);
+                    let Some(p) = self.tracker.procs.get(&tgid) else {
+                        continue;
+                    };
+                    let calls: u64 = p.stats.calls.iter().sum();
+                    let failed: u64 = p.stats.failed.iter().sum();
+                    with_process(
+                        NewEvent::now(
+                            Severity::Info,
+                            "gpu.process.end",
+                            format!(
+                                "process {tgid} ({}) ended: {calls} driver calls ({failed} failed), {} bytes allocated, {} freed",
+                                info.name, p.allocated, p.freed
+                            ),
+                        ),
+                        &info,
+                    )
+                }
+            };
+            self.model.events.append(e);
+        }
+    }
+}
+
+fn with_process(mut e: NewEvent, info: &ProcessInfo) -> NewEvent {
+    e.attrs.extend(info.attrs());
+    e
+}

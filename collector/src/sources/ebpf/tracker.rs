@@ -1,0 +1,556 @@
+//! What the BPF records mean, per process: the RM object tree per (process, client), the
+//! GPUs a process uses, its live driver memory and contexts per GPU, its call aggregates.
+//! Pure logic (no BPF, no `/proc`), fed by the drain loop and unit-tested on records.
+//!
+//! GPU of an object: the one GPU its client registered with UVM; else the `NV01_DEVICE_0` it
+//! hangs under, whose device instance is mapped to a GPU UUID once a client with exactly one
+//! device registers exactly one GPU with UVM (device instances are node-wide); else the one
+//! `/dev/nvidiaN` the process used. Objects whose GPU stays unknown count in the process's
+//! totals, not against a GPU.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use junction_common::nv::{Op, class, format_uuid};
+use junction_common::{Call, Exit, ProcStats, flag, record};
+
+/// An RM object a process allocated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Object {
+    parent: u32,
+    class: u32,
+    /// Bytes, for memory classes.
+    size: u64,
+    /// Device instance (`NV01_DEVICE_0`) or engine type (channel group).
+    extra: u32,
+}
+
+/// One traced process.
+#[derive(Debug, Clone)]
+pub struct Proc {
+    /// `comm` from the first record.
+    pub comm: String,
+    /// cgroup id from the first record.
+    pub cgroup_id: u64,
+    /// Aggregates (from the map while it lives, from the exit record after).
+    pub stats: ProcStats,
+    /// When it ended.
+    pub ended: Option<Instant>,
+    /// When its aggregates last changed.
+    pub last_active: Instant,
+    /// Device numbers it used (kernel `dev_t`).
+    pub devices: BTreeSet<u32>,
+    /// Bytes allocated and freed (memory classes, successful calls).
+    pub allocated: u64,
+    /// Bytes freed.
+    pub freed: u64,
+    /// Contexts (graphics/compute channel groups) created.
+    pub contexts_created: u64,
+    objects: HashMap<(u32, u32), Object>,
+    /// GPUs each client registered with UVM.
+    uvm: BTreeMap<u32, BTreeSet<String>>,
+}
+
+impl Proc {
+    fn new(comm: String, cgroup_id: u64) -> Self {
+        Self {
+            comm,
+            cgroup_id,
+            stats: ProcStats::default(),
+            ended: None,
+            last_active: Instant::now(),
+            devices: BTreeSet::new(),
+            allocated: 0,
+            freed: 0,
+            contexts_created: 0,
+            objects: HashMap::new(),
+            uvm: BTreeMap::new(),
+        }
+    }
+}
+
+/// Per GPU, what a process holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// Live driver memory, bytes.
+    pub memory: u64,
+    /// Live contexts.
+    pub contexts: u64,
+}
+
+/// What the tracker reports for user-facing events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// A process used an NVIDIA device for the first time.
+    Started {
+        /// Process.
+        tgid: u32,
+        /// Device number.
+        rdev: u32,
+    },
+    /// A process registered a GPU with UVM.
+    GpuRegistered {
+        /// Process.
+        tgid: u32,
+        /// GPU UUID.
+        uuid: String,
+    },
+    /// A call took longer than the threshold.
+    Slow {
+        /// Process.
+        tgid: u32,
+        /// Op.
+        op: Op,
+        /// Control command (0 for other ops).
+        command: u32,
+        /// Time in the call.
+        latency: Duration,
+    },
+    /// A process ended.
+    Ended {
+        /// Process.
+        tgid: u32,
+    },
+}
+
+/// Every traced process.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    /// By tgid.
+    pub procs: BTreeMap<u32, Proc>,
+    /// Device instance → GPU UUID, learned.
+    device_ids: BTreeMap<u32, String>,
+}
+
+fn comm_str(c: &[u8; 16]) -> String {
+    let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+    String::from_utf8_lossy(&c[..end]).into_owned()
+}
+
+/// NVML's spelling of a raw UUID.
+pub fn uuid_string(raw: &[u8; 16]) -> String {
+    let mut out = [0u8; 40];
+    format_uuid(raw, &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Tracker {
+    /// Applies one call record.
+    pub fn call(&mut self, c: &Call, notes: &mut Vec<Note>) {
+        let is_new = !self.procs.contains_key(&c.tgid);
+        let p = self
+            .procs
+            .entry(c.tgid)
+            .or_insert_with(|| Proc::new(comm_str(&c.comm), c.cgroup_id));
+        if p.comm.is_empty() {
+            p.comm = comm_str(&c.comm);
+        }
+        if c.kind == record::DEVICE {
+            if is_new || p.devices.is_empty() {
+                notes.push(Note::Started {
+                    tgid: c.tgid,
+                    rdev: c.rdev,
+                });
+            }
+            p.devices.insert(c.rdev);
+            return;
+        }
+        let Some(op) = Op::from_u32(c.op) else { return };
+        if c.flags & flag::SLOW != 0 {
+            notes.push(Note::Slow {
+                tgid: c.tgid,
+                op,
+                command: if op == Op::RmControl {
+                    c.value as u32
+                } else {
+                    0
+                },
+                latency: Duration::from_nanos(c.latency_ns),
+            });
+        }
+        if c.flags & flag::OK == 0 {
+            return;
+        }
+        match op {
+            Op::RmAlloc => {
+                let obj = Object {
+                    parent: c.parent,
+                    class: c.class,
+                    size: if class::is_memory(c.class) {
+                        c.value
+                    } else {
+                        0
+                    },
+                    extra: c.extra,
+                };
+                p.allocated += obj.size;
+                if c.class == class::CHANNEL_GROUP && c.extra == class::ENGINE_GRAPHICS {
+                    p.contexts_created += 1;
+                }
+                // A handle reused without a free (a lost record): the old object is gone.
+                if let Some(old) = p.objects.insert((c.client, c.handle), obj) {
+                    p.freed += old.size;
+                }
+            }
+            Op::RmFree => {
+                // Freeing the client frees everything under it; freeing an object frees its
+                // descendants.
+                let client = c.client;
+                let doomed: Vec<(u32, u32)> = if c.handle == client {
+                    p.objects
+                        .keys()
+                        .filter(|(cl, _)| *cl == client)
+                        .copied()
+                        .collect()
+                } else {
+                    let mut set: BTreeSet<u32> = BTreeSet::from([c.handle]);
+                    loop {
+                        let before = set.len();
+                        for ((cl, h), o) in &p.objects {
+                            if *cl == client && set.contains(&o.parent) {
+                                set.insert(*h);
+                            }
+                        }
+                        if set.len() == before {
+                            break;
+                        }
+                    }
+                    set.into_iter().map(|h| (client, h)).collect()
+                };
+                for k in doomed {
+                    if let Some(o) = p.objects.remove(&k) {
+                        p.freed += o.size;
+                    }
+                }
+                if c.handle == client {
+                    p.uvm.remove(&client);
+                }
+            }
+            Op::UvmRegisterGpu => {
+                let uuid = uuid_string(&c.uuid);
+                if p.uvm.entry(c.client).or_default().insert(uuid.clone()) {
+                    notes.push(Note::GpuRegistered { tgid: c.tgid, uuid });
+                }
+                self.learn(c.tgid, c.client);
+            }
+            _ => {}
+        }
+    }
+
+    /// A client with one device object and one UVM GPU tells which GPU that device
+    /// instance is.
+    fn learn(&mut self, tgid: u32, client: u32) {
+        let Some(p) = self.procs.get(&tgid) else {
+            return;
+        };
+        let Some(gpus) = p.uvm.get(&client) else {
+            return;
+        };
+        let devices: Vec<u32> = p
+            .objects
+            .iter()
+            .filter(|((cl, _), o)| *cl == client && o.class == class::DEVICE)
+            .map(|(_, o)| o.extra)
+            .collect();
+        if let ([d], 1) = (devices.as_slice(), gpus.len())
+            && let Some(uuid) = gpus.iter().next()
+        {
+            self.device_ids.insert(*d, uuid.clone());
+        }
+    }
+
+    /// Applies an exit record.
+    pub fn exit(&mut self, e: &Exit, notes: &mut Vec<Note>) {
+        let p = self
+            .procs
+            .entry(e.tgid)
+            .or_insert_with(|| Proc::new(String::new(), e.stats.cgroup_id));
+        p.stats = e.stats;
+        if p.ended.is_none() {
+            p.ended = Some(Instant::now());
+            notes.push(Note::Ended { tgid: e.tgid });
+        }
+    }
+
+    /// Updates a live process's aggregates from the map.
+    pub fn stats(&mut self, tgid: u32, s: ProcStats) {
+        let p = self
+            .procs
+            .entry(tgid)
+            .or_insert_with(|| Proc::new(String::new(), s.cgroup_id));
+        if p.ended.is_none() && p.stats != s {
+            p.stats = s;
+            p.last_active = Instant::now();
+        }
+    }
+
+    /// Marks a process ended without an exit record (a lost record, or found gone).
+    pub fn gone(&mut self, tgid: u32, notes: &mut Vec<Note>) {
+        if let Some(p) = self.procs.get_mut(&tgid)
+            && p.ended.is_none()
+        {
+            p.ended = Some(Instant::now());
+            notes.push(Note::Ended { tgid });
+        }
+    }
+
+    /// Drops processes that ended more than `retention` ago; returns them.
+    pub fn expire(&mut self, retention: Duration) -> Vec<(u32, Proc)> {
+        let old: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.ended.is_some_and(|t| t.elapsed() >= retention))
+            .map(|(t, _)| *t)
+            .collect();
+        old.into_iter()
+            .filter_map(|t| self.procs.remove(&t).map(|p| (t, p)))
+            .collect()
+    }
+
+    /// The GPU of an object, if it can be told: the one GPU its client registered with UVM
+    /// (the most direct evidence), else its device object's learned instance, else the one
+    /// `/dev/nvidiaN` the process used.
+    fn gpu_of(
+        &self,
+        p: &Proc,
+        client: u32,
+        handle: u32,
+        minor_gpus: &BTreeSet<String>,
+    ) -> Option<String> {
+        if let Some(gpus) = p.uvm.get(&client)
+            && gpus.len() == 1
+        {
+            return gpus.iter().next().cloned();
+        }
+        // Up the tree to a device object.
+        let mut h = handle;
+        for _ in 0..16 {
+            let Some(o) = p.objects.get(&(client, h)) else {
+                break;
+            };
+            if o.class == class::DEVICE {
+                if let Some(u) = self.device_ids.get(&o.extra) {
+                    return Some(u.clone());
+                }
+                break;
+            }
+            h = o.parent;
+        }
+        if minor_gpus.len() == 1 {
+            return minor_gpus.iter().next().cloned();
+        }
+        None
+    }
+
+    /// What a process holds per GPU: every GPU it is known to use (registered with UVM,
+    /// its `/dev/nvidiaN`, or owning memory there), with live memory and contexts.
+    pub fn holdings(
+        &self,
+        p: &Proc,
+        minor_to_uuid: &dyn Fn(u32) -> Option<String>,
+    ) -> BTreeMap<String, Holding> {
+        let minor_gpus: BTreeSet<String> = p
+            .devices
+            .iter()
+            .filter(|r| *r >> 20 == junction_common::nv::NV_MAJOR && (*r & 0xFFFFF) < 248)
+            .filter_map(|r| minor_to_uuid(r & 0xFFFFF))
+            .collect();
+        let mut out: BTreeMap<String, Holding> = BTreeMap::new();
+        for g in p.uvm.values().flatten().chain(&minor_gpus) {
+            out.entry(g.clone()).or_default();
+        }
+        for ((client, handle), o) in &p.objects {
+            let context = o.class == class::CHANNEL_GROUP && o.extra == class::ENGINE_GRAPHICS;
+            if o.size == 0 && !context {
+                continue;
+            }
+            let Some(g) = self.gpu_of(p, *client, *handle, &minor_gpus) else {
+                continue;
+            };
+            let h = out.entry(g).or_default();
+            h.memory += o.size;
+            h.contexts += u64::from(context);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use junction_common::nv::{N_OPS, RM_ALLOC};
+
+    const UUID: [u8; 16] = [0x11; 16];
+
+    fn call(op: Op, client: u32, parent: u32, handle: u32, class: u32, value: u64) -> Call {
+        Call {
+            kind: record::CALL,
+            op: op as u32,
+            tgid: 100,
+            tid: 100,
+            flags: flag::OK,
+            cmd: RM_ALLOC,
+            client,
+            parent,
+            handle,
+            class,
+            value,
+            comm: *b"train\0\0\0\0\0\0\0\0\0\0\0",
+            ..Call::default()
+        }
+    }
+
+    fn none(_: u32) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn memory_follows_the_tree_and_frees_take_subtrees() {
+        let mut t = Tracker::default();
+        let mut n = Vec::new();
+        // client 1, device 2 (instance 0), subdevice 3, memory 10 and 11 under the device,
+        // memory 12 under the subdevice.
+        t.call(&call(Op::RmAlloc, 1, 0, 1, 0x41, 0), &mut n);
+        let mut dev = call(Op::RmAlloc, 1, 1, 2, class::DEVICE, 0);
+        dev.extra = 0;
+        t.call(&dev, &mut n);
+        t.call(&call(Op::RmAlloc, 1, 2, 3, class::SUBDEVICE, 0), &mut n);
+        t.call(&call(Op::RmAlloc, 1, 2, 10, 0x40, 1 << 20), &mut n);
+        t.call(&call(Op::RmAlloc, 1, 2, 11, 0x3E, 2 << 20), &mut n);
+        t.call(&call(Op::RmAlloc, 1, 3, 12, 0x40, 4 << 20), &mut n);
+        // VA reservations do not count.
+        t.call(&call(Op::RmAlloc, 1, 2, 13, 0x50A0, 1 << 40), &mut n);
+        let mut reg = call(Op::UvmRegisterGpu, 1, 0, 0, 0, 0);
+        reg.uuid = UUID;
+        t.call(&reg, &mut n);
+        let g = uuid_string(&UUID);
+        assert!(n.contains(&Note::GpuRegistered {
+            tgid: 100,
+            uuid: g.clone()
+        }));
+        let p = &t.procs[&100];
+        assert_eq!(p.allocated, 7 << 20);
+        assert_eq!(t.holdings(p, &none)[&g].memory, 7 << 20);
+        // Freeing the subdevice frees the memory under it.
+        t.call(&call(Op::RmFree, 1, 2, 3, 0, 0), &mut n);
+        let p = &t.procs[&100];
+        assert_eq!(
+            (p.freed, t.holdings(p, &none)[&g].memory),
+            (4 << 20, 3 << 20)
+        );
+        // A failed call changes nothing.
+        let mut failed = call(Op::RmFree, 1, 2, 10, 0, 0);
+        failed.flags = 0;
+        t.call(&failed, &mut n);
+        assert_eq!(t.holdings(&t.procs[&100], &none)[&g].memory, 3 << 20);
+        // Freeing the client frees the rest.
+        t.call(&call(Op::RmFree, 1, 0, 1, 0, 0), &mut n);
+        let p = &t.procs[&100];
+        assert_eq!((p.allocated, p.freed), (7 << 20, 7 << 20));
+        // Still registered with the GPU (the registration outlives the client here), 0 bytes.
+        assert_eq!(t.holdings(p, &none).get(&g).map(|h| h.memory), None);
+    }
+
+    #[test]
+    fn device_instances_are_learned_across_processes() {
+        let mut t = Tracker::default();
+        let mut n = Vec::new();
+        let mut dev = call(Op::RmAlloc, 1, 1, 2, class::DEVICE, 0);
+        dev.extra = 3;
+        t.call(&dev, &mut n);
+        let mut reg = call(Op::UvmRegisterGpu, 1, 0, 0, 0, 0);
+        reg.uuid = UUID;
+        t.call(&reg, &mut n);
+        // Another process with two GPUs registered: device instance 3 is UUID.
+        let mut other = call(Op::RmAlloc, 7, 7, 8, class::DEVICE, 0);
+        other.tgid = 200;
+        other.extra = 3;
+        t.call(&other, &mut n);
+        let mut mem = call(Op::RmAlloc, 7, 8, 9, 0x40, 5 << 20);
+        mem.tgid = 200;
+        t.call(&mem, &mut n);
+        for u in [UUID, [0x22; 16]] {
+            let mut r = call(Op::UvmRegisterGpu, 7, 0, 0, 0, 0);
+            r.tgid = 200;
+            r.uuid = u;
+            t.call(&r, &mut n);
+        }
+        let h = t.holdings(&t.procs[&200], &none);
+        assert_eq!(h[&uuid_string(&UUID)].memory, 5 << 20);
+        assert_eq!(h[&uuid_string(&[0x22; 16])].memory, 0);
+    }
+
+    #[test]
+    fn the_minor_names_the_gpu_when_nothing_else_does() {
+        let mut t = Tracker::default();
+        let mut n = Vec::new();
+        let mut d = call(Op::RmAlloc, 0, 0, 0, 0, 0);
+        d.kind = record::DEVICE;
+        d.rdev = (195 << 20) | 3;
+        t.call(&d, &mut n);
+        assert_eq!(
+            n,
+            vec![Note::Started {
+                tgid: 100,
+                rdev: d.rdev
+            }]
+        );
+        t.call(&call(Op::RmAlloc, 1, 1, 5, 0x40, 1 << 30), &mut n);
+        let minor = |m: u32| (m == 3).then(|| "GPU-three".to_string());
+        let h = t.holdings(&t.procs[&100], &minor);
+        assert_eq!(h["GPU-three"].memory, 1 << 30);
+        // nvidiactl (minor 255) is no GPU.
+        let mut ctl = d;
+        ctl.rdev = (195 << 20) | 255;
+        t.call(&ctl, &mut n);
+        assert_eq!(t.holdings(&t.procs[&100], &minor).len(), 1);
+    }
+
+    #[test]
+    fn contexts_slow_calls_and_exit() {
+        let mut t = Tracker::default();
+        let mut n = Vec::new();
+        let mut reg = call(Op::UvmRegisterGpu, 1, 0, 0, 0, 0);
+        reg.uuid = UUID;
+        t.call(&reg, &mut n);
+        let mut tsg = call(Op::RmAlloc, 1, 2, 20, class::CHANNEL_GROUP, 0);
+        tsg.extra = class::ENGINE_GRAPHICS;
+        t.call(&tsg, &mut n);
+        let mut copy = call(Op::RmAlloc, 1, 2, 21, class::CHANNEL_GROUP, 0);
+        copy.extra = 9;
+        t.call(&copy, &mut n);
+        assert_eq!(
+            t.holdings(&t.procs[&100], &none)[&uuid_string(&UUID)].contexts,
+            1
+        );
+        let mut slow = call(Op::RmControl, 1, 0, 2, 0, 0x2080_018E);
+        slow.flags |= flag::SLOW;
+        slow.latency_ns = 2_000_000_000;
+        t.call(&slow, &mut n);
+        assert!(n.contains(&Note::Slow {
+            tgid: 100,
+            op: Op::RmControl,
+            command: 0x2080_018E,
+            latency: Duration::from_secs(2)
+        }));
+        let mut stats = ProcStats::default();
+        stats.calls[0] = 3;
+        t.exit(
+            &Exit {
+                kind: record::EXIT,
+                tgid: 100,
+                ts_ns: 0,
+                stats,
+            },
+            &mut n,
+        );
+        assert_eq!(n.last(), Some(&Note::Ended { tgid: 100 }));
+        assert_eq!(t.procs[&100].stats.calls[..N_OPS][0], 3);
+        // Map reads after the exit do not overwrite the final aggregates.
+        t.stats(100, ProcStats::default());
+        assert_eq!(t.procs[&100].stats.calls[0], 3);
+        assert_eq!(t.expire(Duration::from_secs(60)).len(), 0);
+        assert_eq!(t.expire(Duration::ZERO).len(), 1);
+        assert!(t.procs.is_empty());
+    }
+}
