@@ -47,8 +47,10 @@ pub mod counter {
     pub const STATS_FULL: u32 = 2;
     /// Parameter blocks that could not be read from user memory.
     pub const READ_FAILED: u32 = 3;
+    /// Calls in flight now (not a loss: lets `sys_exit_ioctl` skip its lookup when 0).
+    pub const INFLIGHT_NOW: u32 = 4;
     /// Number of counters.
-    pub const N: u32 = 4;
+    pub const N: u32 = 5;
 }
 
 /// Program names (the functions in `collector-ebpf`).

@@ -29,6 +29,7 @@ use aya_ebpf::helpers::generated::{
 };
 use aya_ebpf::macros::{kprobe, kretprobe, map, tracepoint};
 use aya_ebpf::maps::{Array, HashMap, LruHashMap, RingBuf};
+use aya_ebpf::EbpfContext as _;
 use aya_ebpf::programs::{ProbeContext, RetProbeContext, TracePointContext};
 use junction_common::nv::{self, Follow, N_OPS, Op, PARAMS_LEN};
 use junction_common::{
@@ -93,10 +94,23 @@ static ZERO_STATS: ProcStats = ProcStats {
 
 #[inline(always)]
 fn bump(index: u32) {
+    bump_by(index, 1);
+}
+
+#[inline(always)]
+fn bump_by(index: u32, v: u64) {
     if let Some(p) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: a map value pointer the helper returned; atomic add on an aligned u64.
-        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, 1) };
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, v) };
     }
+}
+
+/// Reads a field of the tracepoint record directly (tracepoint programs may load from their
+/// context; no helper call on the path every ioctl takes).
+#[inline(always)]
+fn tp_u64(ctx: &TracePointContext, off: usize) -> u64 {
+    // SAFETY: `off` is inside the syscall tracepoint record (fields at 16, 24, 32).
+    unsafe { core::ptr::read_volatile((ctx.as_ptr() as *const u8).add(off) as *const u64) }
 }
 
 /// Whether this process is traced at all.
@@ -211,6 +225,8 @@ fn enter(cmd: u32, arg: u64, rdev: u32, kind: u32) {
     }
     if INFLIGHT.insert(tid, inf, 0).is_err() {
         bump(counter::INFLIGHT_FULL);
+    } else {
+        bump(counter::INFLIGHT_NOW);
     }
 }
 
@@ -344,9 +360,9 @@ fn exit(inf: &Inflight, ret: i64) {
         }
     }
 
-    let first_use = SEEN
-        .insert((u64::from(tgid) << 32) | u64::from(inf.rdev), 1, BPF_NOEXIST)
-        .is_ok();
+    let seen_key = (u64::from(tgid) << 32) | u64::from(inf.rdev);
+    let first_use = SEEN.get_ptr(seen_key).is_none()
+        && SEEN.insert(seen_key, 1, BPF_NOEXIST).is_ok();
     if first_use || op.is_lifecycle() || slow {
         // SAFETY: no preconditions.
         call.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
@@ -354,10 +370,11 @@ fn exit(inf: &Inflight, ret: i64) {
         if first_use {
             let mut dev = call;
             dev.kind = record::DEVICE;
-            emit(&dev);
+            // Woken at once: user space identifies the process while it still runs.
+            emit(&dev, 0);
         }
         if op.is_lifecycle() || slow {
-            emit(&call);
+            emit(&call, wakeup());
         }
     }
 }
@@ -380,9 +397,24 @@ fn leader_comm() -> Option<[u8; 16]> {
     }
 }
 
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+
+/// Call records do not wake the reader (it polls every 100 ms) unless the ring is a quarter
+/// full: a wake-up per record costs more than the rest of the call's tracing.
 #[inline(always)]
-fn emit(call: &Call) {
-    if EVENTS.output::<Call>(call, 0).is_err() {
+fn wakeup() -> u64 {
+    // BPF_RB_AVAIL_DATA: bytes not yet consumed.
+    if EVENTS.query(0) > u64::from(RING_BYTES / 4) {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
+#[inline(always)]
+fn emit(call: &Call, flags: u64) {
+    if EVENTS.output::<Call>(call, flags).is_err() {
         bump(counter::RING_FULL);
     }
 }
@@ -394,11 +426,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // sys_enter_ioctl: fd@16, cmd@24, arg@32 (8-byte slots).
-    // SAFETY: reads inside the tracepoint record.
-    let Ok(cmd) = (unsafe { ctx.read_at::<u64>(24) }) else {
-        return 0;
-    };
-    let cmd = cmd as u32;
+    let cmd = tp_u64(&ctx, 24) as u32;
     if !nv::maybe_nvidia(cmd) {
         return 0;
     }
@@ -407,12 +435,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
     if off.valid == 0 {
         return 0;
     }
-    // SAFETY: reads inside the tracepoint record.
-    let (Ok(fd), Ok(arg)) = (unsafe { ctx.read_at::<u64>(16) }, unsafe {
-        ctx.read_at::<u64>(32)
-    }) else {
-        return 0;
-    };
+    let (fd, arg) = (tp_u64(&ctx, 16), tp_u64(&ctx, 32));
     let Some(rdev) = fd_rdev(fd, &off) else {
         return 0;
     };
@@ -425,22 +448,29 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
-    finish(|| {
-        // SAFETY: a read inside the tracepoint record (ret@16).
-        unsafe { ctx.read_at::<i64>(16) }.unwrap_or(0)
-    });
+    // sys_exit_ioctl: ret@16.
+    finish(|| tp_u64(&ctx, 16) as i64);
     0
 }
 
 #[inline(always)]
 fn finish(ret: impl FnOnce() -> i64) {
+    // Nothing in flight anywhere (the common case on a node): no lookup.
+    if COUNTERS
+        .get(counter::INFLIGHT_NOW)
+        .is_none_or(|n| unsafe { read_volatile(n) } == 0)
+    {
+        return;
+    }
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(p) = INFLIGHT.get_ptr(tid) else {
         return;
     };
     // SAFETY: a live map value, copied before the entry is removed.
     let inf = unsafe { *p };
-    let _ = INFLIGHT.remove(tid);
+    if INFLIGHT.remove(tid).is_ok() {
+        bump_by(counter::INFLIGHT_NOW, u64::MAX);
+    }
     exit(&inf, ret());
 }
 

@@ -62,6 +62,14 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         rounds: u32,
     },
+    /// Measure what the eBPF probes cost per ioctl and per unrelated syscall, and the drain's
+    /// CPU per record (used by `cargo xtask bench`; needs root).
+    #[command(hide = true)]
+    EbpfBench {
+        /// Calls per measured round.
+        #[arg(long, default_value_t = 200_000)]
+        calls: u64,
+    },
 }
 
 /// `junction once` formats.
@@ -143,6 +151,18 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::EbpfBench { calls }) = &args.command {
+        return match sources::ebpf::bench::run(*calls) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("junction: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Docs { which }) = &args.command {
         print!(
             "{}",
@@ -174,7 +194,7 @@ fn main() -> ExitCode {
         Command::Run => cli::run(config),
         Command::Once { format } => cli::once(config, format),
         Command::Inventory { format } => cli::inventory(config, format),
-        Command::Docs { .. } | Command::ParseBench { .. } => Ok(()),
+        Command::Docs { .. } | Command::ParseBench { .. } | Command::EbpfBench { .. } => Ok(()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

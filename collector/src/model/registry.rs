@@ -216,6 +216,8 @@ registry! {
         "eBPF: NV_ESC_RM_ALLOC of KEPLER_CHANNEL_GROUP_A with the graphics/compute engine", "Graphics/compute contexts (channel groups) a process holds on a GPU (hw.id).";
     EbpfProcesses = "junction.ebpf.processes", "{process}", UpDownCounter, [], Status,
         "agent", "Processes the eBPF source is tracking (live, and ended within exited_retention_secs).";
+    EbpfRecords = "junction.ebpf.records", "{record}", Counter, [], Status,
+        "agent", "Records read from the BPF ring buffer (allocations, frees, GPU registrations, first use of a device, slow calls, exits).";
     EbpfLost = "junction.ebpf.lost", "{record}", Counter, ["junction.reason"], Status,
         "agent", "What the BPF programs could not record: ring_full (records dropped), inflight_full, processes_full, unreadable (parameter blocks that could not be read).";
     MigMode = "gpu.mig.mode", "{state}", Gauge, [], Mig,

@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 
+mod ebpf;
 mod kmsg;
 mod otlp;
 
@@ -191,8 +192,10 @@ pub fn run(smoke: bool) -> Result<()> {
     results.push(m);
 
     let kmsg = kmsg::run(&bin, smoke, &dir)?;
+    let ebpf = ebpf::run(&bin, smoke)?;
     let mut report = report(&results, window, smoke, profile);
     report.push_str(&kmsg_report(&kmsg));
+    report.push_str(&ebpf::report(&ebpf));
     print!("{report}");
     if !smoke {
         std::fs::write(root().join("BENCHMARKS.md"), report)?;

@@ -96,6 +96,8 @@ struct Drain<'a> {
     /// Processes already looked up in `/proc` (done as soon as they are seen, while they
     /// most likely still run).
     identified: std::collections::HashSet<u32>,
+    /// Records read from the ring.
+    records: u64,
 }
 
 /// Runs until `shutdown`.
@@ -120,6 +122,7 @@ pub fn run(mut loaded: Loaded, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &
         cgroup_paths: StdHashMap::new(),
         notes: Vec::new(),
         identified: std::collections::HashSet::new(),
+        records: 0,
     };
     let interval = Duration::from_secs(cfg.interval_secs.max(1));
     let mut last = Instant::now() - interval;
@@ -132,7 +135,7 @@ pub fn run(mut loaded: Loaded, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &
         };
         // SAFETY: poll(2) on one valid pollfd; a timeout bounds the wait so that shutdown
         // and the interval are honoured.
-        unsafe { libc::poll(&mut pfd, 1, 200) };
+        unsafe { libc::poll(&mut pfd, 1, 100) };
         d.records(&mut m.ring);
         d.identify_new();
         if last.elapsed() >= interval {
@@ -149,6 +152,7 @@ pub fn run(mut loaded: Loaded, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &
 impl Drain<'_> {
     fn records(&mut self, ring: &mut RingBuf<MapData>) {
         while let Some(item) = ring.next() {
+            self.records += 1;
             let kind = read::<u32>(&item).unwrap_or(0);
             match kind {
                 record::CALL | record::DEVICE => {
@@ -310,10 +314,10 @@ impl Drain<'_> {
             }
         }
         self.model.publish("ebpf", "processes", out);
-        let mut stats = vec![Sample::new(
-            Metric::EbpfProcesses,
-            self.tracker.procs.len() as f64,
-        )];
+        let mut stats = vec![
+            Sample::new(Metric::EbpfProcesses, self.tracker.procs.len() as f64),
+            Sample::new(Metric::EbpfRecords, self.records as f64),
+        ];
         for (idx, reason) in [
             (counter::RING_FULL, "ring_full"),
             (counter::INFLIGHT_FULL, "inflight_full"),

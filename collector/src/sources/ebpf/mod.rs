@@ -11,6 +11,7 @@
 //! Needs: root (CAP_BPF, CAP_PERFMON), kernel BTF, tracefs (mounted if missing). Without
 //! them: one line with the reason and the fix, and Junction runs without it.
 
+pub mod bench;
 pub mod btf;
 mod drain;
 pub mod loader;
