@@ -87,7 +87,7 @@ fn r545_memory_temperature_is_read_as_the_integer() {
 /// names a long venv's python after a directory fragment. With `/proc` visible, its `exe`
 /// wins.
 #[test]
-fn long_process_paths_give_the_executables_name() {
+fn long_process_paths_give_the_executables_name_and_the_cgroup_its_container() {
     let mut agent = Agent::start("long-process-name.toml", "current");
     let body = agent.wait_for(Duration::from_secs(10), |m| {
         m.contains("gpu_process_memory_usage_bytes{")
@@ -107,6 +107,17 @@ fn long_process_paths_give_the_executables_name() {
     let proc = dir.join("proc");
     std::fs::create_dir_all(proc.join("41000")).expect("proc dir");
     std::os::unix::fs::symlink("/usr/local/bin/trainer", proc.join("41000/exe")).expect("exe");
+    // Its cgroup: a containerd container in a Kubernetes pod (systemd driver, cgroup v2).
+    let id = "4f".repeat(32);
+    let uid = "0b7a2c5e-9d41-4c8e-a2f3-6e1d5b9c8a70";
+    std::fs::write(
+        proc.join("41000/cgroup"),
+        format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope\n",
+            uid.replace('-', "_")
+        ),
+    )
+    .expect("cgroup");
     let port = support::free_port();
     let config = support::sim_config("current", port, "").replacen(
         &format!(
@@ -127,6 +138,9 @@ fn long_process_paths_give_the_executables_name() {
         &[("process_pid", "41000")],
     );
     assert_eq!(p[0].labels["process_executable_name"], "trainer");
+    // The process table joins NVML's process with its container and pod.
+    assert_eq!(p[0].labels["container_id"], id);
+    assert_eq!(p[0].labels["k8s_pod_uid"], uid);
 }
 
 fn has(body: &str, name: &str, label: &str) -> bool {

@@ -185,7 +185,10 @@ fn start_ticks(proc_root: &Path, pid: u32) -> Option<u64> {
 
 /// Reads who `pid` is from `/proc` (None if it is not there).
 pub fn read_process(proc_root: &Path, pid: u32) -> Option<ProcessInfo> {
-    let start = start_ticks(proc_root, pid)?;
+    if !proc_root.join(pid.to_string()).is_dir() {
+        return None;
+    }
+    let start = start_ticks(proc_root, pid).unwrap_or(0);
     let name = proc_name(proc_root, pid).unwrap_or_default();
     let cgroup = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup"))
         .map(|t| cgroup_of(&t))
@@ -484,6 +487,7 @@ mod tests {
     #[test]
     fn this_process_reads_from_proc() {
         let me = read_process(Path::new("/proc"), std::process::id()).expect("self in /proc");
+        assert!(read_process(Path::new("/proc"), u32::MAX - 2).is_none());
         assert!(!me.name.is_empty());
         assert!(me.start_ticks > 0);
         let table = Processes::default();
