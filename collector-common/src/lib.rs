@@ -18,9 +18,6 @@ pub use nv::{Call, Op, ProcStats};
 pub const STATS_MAP: &str = "STATS";
 /// Map: calls in flight, `tid (u32) -> Inflight`.
 pub const INFLIGHT_MAP: &str = "INFLIGHT";
-/// Map: devices a process has used, `(tgid << 32 | rdev) (u64) -> u8`; user space removes a
-/// process's entries when it exits.
-pub const SEEN_MAP: &str = "SEEN";
 /// Map: the ring buffer of [`Call`] and [`Exit`] records.
 pub const EVENTS_MAP: &str = "EVENTS";
 /// Map: counters the programs keep about themselves (`u32 index -> u64`, see [`counter`]).
@@ -30,8 +27,6 @@ pub const COUNTERS_MAP: &str = "COUNTERS";
 pub const MAX_PROCESSES: u32 = 8192;
 /// Capacity of the in-flight map: threads inside an NVIDIA ioctl at once.
 pub const MAX_INFLIGHT: u32 = 16384;
-/// Capacity of the device-seen map.
-pub const MAX_SEEN: u32 = 65536;
 /// Size of the ring buffer (a power of two, a multiple of the page size).
 pub const RING_BYTES: u32 = 1 << 20;
 /// Devices that `watch_devices` may name.
@@ -149,8 +144,28 @@ pub struct Inflight {
     pub device: u32,
     /// [`flag`] bits known at entry (`XFER`).
     pub flags: u32,
-    /// Inner parameter size for `XFER`, else the `_IOC_SIZE`.
-    pub size: u32,
+    /// The device's bit in [`ProcStats::devices`] (see [`device_bit`]).
+    pub dev_bit: u32,
+}
+
+/// A device's bit in [`ProcStats::devices`], so that a process's first call on each device
+/// is told without a map lookup: `/dev/nvidiaN` (N < 48) is bit N, a watched device bit
+/// 48 + its index, `/dev/nvidia-modeset` 56, `/dev/nvidiactl` 57, `/dev/nvidia-uvm` 58,
+/// `/dev/nvidia-uvm-tools` 59; everything else (higher minors, `/dev/nvidia-caps/*`) shares
+/// bit 63.
+pub mod device_bit {
+    /// First watched device.
+    pub const WATCHED: u32 = 48;
+    /// `/dev/nvidia-modeset`.
+    pub const MODESET: u32 = 56;
+    /// `/dev/nvidiactl`.
+    pub const CTL: u32 = 57;
+    /// `/dev/nvidia-uvm`.
+    pub const UVM: u32 = 58;
+    /// `/dev/nvidia-uvm-tools`.
+    pub const UVM_TOOLS: u32 = 59;
+    /// Any other.
+    pub const OTHER: u32 = 63;
 }
 
 /// Record kinds (the first `u32` of every ring-buffer record).
@@ -212,7 +227,7 @@ impl Offsets {
 }
 
 /// [`ProcStats`] as `u64` words, as user space reads the map value.
-pub const PROC_STATS_WORDS: usize = 3 * nv::N_OPS + 2;
+pub const PROC_STATS_WORDS: usize = 3 * nv::N_OPS + 3;
 
 impl ProcStats {
     /// From the map value's words.
@@ -224,6 +239,7 @@ impl ProcStats {
         s.latency_ns.copy_from_slice(&w[2 * n..3 * n]);
         s.mapped_bytes = w[3 * n];
         s.cgroup_id = w[3 * n + 1];
+        s.devices = w[3 * n + 2];
         s
     }
 }
@@ -245,6 +261,7 @@ mod layout_tests {
         let s = ProcStats::from_words(&w);
         assert_eq!(s.calls[0], 0);
         assert_eq!(s.failed[0], nv::N_OPS as u64);
-        assert_eq!(s.cgroup_id, (PROC_STATS_WORDS - 1) as u64);
+        assert_eq!(s.cgroup_id, (PROC_STATS_WORDS - 2) as u64);
+        assert_eq!(s.devices, (PROC_STATS_WORDS - 1) as u64);
     }
 }

@@ -397,6 +397,8 @@ pub struct ProcStats {
     pub mapped_bytes: u64,
     /// `bpf_get_current_cgroup_id` of the first call.
     pub cgroup_id: u64,
+    /// Devices used (bits: [`crate::device_bit`]).
+    pub devices: u64,
 }
 
 /// Formats a raw 16-byte GPU UUID the way NVML prints it (`GPU-xxxxxxxx-xxxx-…`).

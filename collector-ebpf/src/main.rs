@@ -17,7 +17,7 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
+use core::intrinsics::{AtomicOrdering, atomic_or, atomic_xadd};
 use core::ptr::read_volatile;
 
 use aya_ebpf::helpers::{
@@ -28,12 +28,12 @@ use aya_ebpf::helpers::generated::{
     bpf_get_current_cgroup_id, bpf_get_current_task, bpf_ktime_get_ns,
 };
 use aya_ebpf::macros::{kprobe, kretprobe, map, tracepoint};
-use aya_ebpf::maps::{Array, HashMap, LruHashMap, RingBuf};
+use aya_ebpf::maps::{Array, HashMap, RingBuf};
 use aya_ebpf::EbpfContext as _;
 use aya_ebpf::programs::{ProbeContext, RetProbeContext, TracePointContext};
 use junction_common::nv::{self, Follow, N_OPS, Op, PARAMS_LEN};
 use junction_common::{
-    Call, Exit, Inflight, MAX_INFLIGHT, MAX_PROCESSES, MAX_SEEN, MAX_WATCHED, Offsets, ProcStats,
+    Call, Exit, Inflight, MAX_INFLIGHT, MAX_PROCESSES, MAX_WATCHED, Offsets, ProcStats, device_bit,
     RING_BYTES, counter, device, flag, record,
 };
 
@@ -42,9 +42,6 @@ static STATS: HashMap<u32, ProcStats> = HashMap::with_max_entries(MAX_PROCESSES,
 
 #[map(name = "INFLIGHT")]
 static INFLIGHT: HashMap<u32, Inflight> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
-
-#[map(name = "SEEN")]
-static SEEN: LruHashMap<u64, u8> = LruHashMap::with_max_entries(MAX_SEEN, 0);
 
 #[map(name = "EVENTS")]
 static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
@@ -90,6 +87,7 @@ static ZERO_STATS: ProcStats = ProcStats {
     latency_ns: [0; N_OPS],
     mapped_bytes: 0,
     cgroup_id: 0,
+    devices: 0,
 };
 
 #[inline(always)]
@@ -121,19 +119,20 @@ fn traced(tgid: u32) -> bool {
     tgid != me && (only == 0 || only == tgid)
 }
 
-/// The [`device`] kind of a kernel `dev_t`, if it is an NVIDIA (or watched) device.
+/// The [`device`] kind of a kernel `dev_t` and its [`device_bit`], if it is an NVIDIA (or
+/// watched) device.
 #[inline(always)]
-fn device_kind(rdev: u32) -> Option<u32> {
+fn device_kind(rdev: u32) -> Option<(u32, u32)> {
     // SAFETY: reads of globals.
     let watched = unsafe { read_volatile(&WATCHED) };
     let mut i = 0;
     while i < MAX_WATCHED {
         if watched[i] != 0 && watched[i] == rdev {
-            return Some(device::WATCHED);
+            return Some((device::WATCHED, device_bit::WATCHED + i as u32));
         }
         i += 1;
     }
-    let major = rdev >> 20;
+    let (major, minor) = (rdev >> 20, rdev & 0xF_FFFF);
     // SAFETY: reads of globals.
     let (nv, uvm, caps) = unsafe {
         (
@@ -142,10 +141,23 @@ fn device_kind(rdev: u32) -> Option<u32> {
             read_volatile(&CAPS_MAJOR),
         )
     };
-    if major == nv || (caps != 0 && major == caps) {
-        Some(device::RM)
+    if major == nv {
+        let bit = match minor {
+            255 => device_bit::CTL,
+            254 => device_bit::MODESET,
+            m if m < device_bit::WATCHED => m,
+            _ => device_bit::OTHER,
+        };
+        Some((device::RM, bit))
+    } else if caps != 0 && major == caps {
+        Some((device::RM, device_bit::OTHER))
     } else if uvm != 0 && major == uvm {
-        Some(device::UVM)
+        let bit = if minor == 1 {
+            device_bit::UVM_TOOLS
+        } else {
+            device_bit::UVM
+        };
+        Some((device::UVM, bit))
     } else {
         None
     }
@@ -197,7 +209,7 @@ fn fd_rdev(fd: u64, off: &Offsets) -> Option<u32> {
 
 /// Remembers a call on an NVIDIA device until it returns.
 #[inline(always)]
-fn enter(cmd: u32, arg: u64, rdev: u32, kind: u32) {
+fn enter(cmd: u32, arg: u64, rdev: u32, (kind, dev_bit): (u32, u32)) {
     let tid = bpf_get_current_pid_tgid() as u32;
     let mut inf = Inflight {
         // SAFETY: no preconditions.
@@ -208,7 +220,7 @@ fn enter(cmd: u32, arg: u64, rdev: u32, kind: u32) {
         op: nv::classify(cmd, kind) as u32,
         device: kind,
         flags: 0,
-        size: nv::ioc_size(cmd),
+        dev_bit,
     };
     if kind != device::UVM && cmd == nv::XFER {
         // nv_ioctl_xfer_t {u32 cmd; u32 size; u64 ptr}: the real request is inside.
@@ -217,7 +229,6 @@ fn enter(cmd: u32, arg: u64, rdev: u32, kind: u32) {
         if unsafe { bpf_probe_read_user_buf(arg as *const u8, &mut x) }.is_ok() {
             let inner = u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
             inf.cmd = inner;
-            inf.size = u32::from_le_bytes([x[4], x[5], x[6], x[7]]);
             inf.params = u64::from_le_bytes([x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]]);
             inf.op = nv::classify(inner, device::RM) as u32;
             inf.flags = flag::XFER;
@@ -360,13 +371,24 @@ fn exit(inf: &Inflight, ret: i64) {
         }
     }
 
-    let seen_key = (u64::from(tgid) << 32) | u64::from(inf.rdev);
-    let first_use = SEEN.get_ptr(seen_key).is_none()
-        && SEEN.insert(seen_key, 1, BPF_NOEXIST).is_ok();
+    // The process's first call on this device: a bit in its aggregates, no map lookup. (Two
+    // threads racing here may both report it; user space keeps one.)
+    let bit = 1u64 << (inf.dev_bit & 63);
+    // SAFETY: `stats` is a live map value.
+    let first_use = unsafe { read_volatile(&raw const (*stats).devices) } & bit == 0;
+    if first_use {
+        // SAFETY: as above; atomic or on an aligned u64.
+        unsafe { atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*stats).devices, bit) };
+    }
     if first_use || op.is_lifecycle() || slow {
-        // SAFETY: no preconditions.
-        call.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-        call.comm = leader_comm().unwrap_or_else(|| bpf_get_current_comm().unwrap_or([0; 16]));
+        // Who it is matters for the first record of a device (user space keeps it) and for
+        // slow calls; the other records skip these reads.
+        if first_use || slow {
+            // SAFETY: no preconditions.
+            call.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+            call.comm =
+                leader_comm().unwrap_or_else(|| bpf_get_current_comm().unwrap_or([0; 16]));
+        }
         if first_use {
             let mut dev = call;
             dev.kind = record::DEVICE;

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{Array, HashMap, MapData, RingBuf};
 use junction_common::nv::{N_OPS, Op};
 use junction_common::{
-    COUNTERS_MAP, Call, EVENTS_MAP, Exit, PROC_STATS_WORDS, ProcStats, SEEN_MAP, STATS_MAP,
-    counter, record,
+    COUNTERS_MAP, Call, EVENTS_MAP, Exit, PROC_STATS_WORDS, ProcStats, STATS_MAP, counter, record,
 };
 
 use super::EbpfConfig;
@@ -28,7 +27,6 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 struct Maps {
     ring: RingBuf<MapData>,
     stats: HashMap<MapData, u32, [u64; PROC_STATS_WORDS]>,
-    seen: HashMap<MapData, u64, u8>,
     counters: Array<MapData, u64>,
 }
 
@@ -41,12 +39,10 @@ fn maps(loaded: &mut Loaded) -> Result<Maps, String> {
     };
     let ring = RingBuf::try_from(take(EVENTS_MAP)?).map_err(|e| e.to_string())?;
     let stats = HashMap::try_from(take(STATS_MAP)?).map_err(|e| e.to_string())?;
-    let seen = HashMap::try_from(take(SEEN_MAP)?).map_err(|e| e.to_string())?;
     let counters = Array::try_from(take(COUNTERS_MAP)?).map_err(|e| e.to_string())?;
     Ok(Maps {
         ring,
         stats,
-        seen,
         counters,
     })
 }
@@ -245,12 +241,8 @@ impl Drain<'_> {
             }
         }
         let retention = Duration::from_secs(self.cfg.exited_retention_secs);
-        for (tgid, p) in self.tracker.expire(retention) {
+        for (tgid, _) in self.tracker.expire(retention) {
             self.identified.remove(&tgid);
-            // Forget which devices it had used, so that a reused pid is new again.
-            for rdev in p.devices {
-                let _ = m.seen.remove(&((u64::from(tgid) << 32) | u64::from(rdev)));
-            }
         }
         self.publish(m);
     }
