@@ -9,7 +9,13 @@ use anyhow::{Context, Result, bail};
 use crate::{root, run};
 
 /// Pinned Python packages: the independent NVML reader and the peer exporter.
-const PYTHON_PACKAGES: &[&str] = &["nvidia-ml-py==13.615.71", "nvitop-exporter==1.7.2"];
+/// Pinned Python packages: the independent NVML reader, the peer exporter, and the Redfish
+/// servers (`sushy-static`, `sushy-emulator`).
+const PYTHON_PACKAGES: &[&str] = &[
+    "nvidia-ml-py==13.615.71",
+    "nvitop-exporter==1.7.2",
+    "sushy-tools==2.2.0",
+];
 /// The LLVM that bpf-linker links against.
 const LLVM_BIN: &str = "/usr/lib/llvm-22/bin";
 
@@ -99,15 +105,17 @@ pub fn bpf_toolchain() -> Result<String> {
 
 /// Everything `cargo xtask test` needs besides the BPF toolchain.
 pub fn test_dependencies() -> Result<TestEnv> {
-    // promtool comes with Debian's prometheus package.
-    apt(&["prometheus"])?;
+    // promtool comes with Debian's prometheus package; the IPMI simulator and the IPMI tools
+    // Junction runs (FreeIPMI) and compares with (ipmitool).
+    apt(&["prometheus", "openipmi", "ipmitool", "freeipmi-tools"])?;
     let venv = root().join("target/venv");
     let python = venv.join("bin/python");
     if !python.exists() {
         run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
             .context("creating the Python venv")?;
     }
-    let have = quiet_ok(Command::new(&python).args(["-c", "import pynvml, nvitop_exporter"]));
+    let have = quiet_ok(Command::new(&python).args(["-c", "import pynvml, nvitop_exporter"]))
+        && venv.join("bin/sushy-static").exists();
     if !have {
         run(Command::new(&python)
             .args([

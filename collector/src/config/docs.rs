@@ -14,7 +14,9 @@ struct Section<'a> {
     /// Its scalar keys (nested sections are visited on their own).
     scalars: Vec<&'a FieldDoc>,
     /// The default values.
-    defaults: &'a toml::Table,
+    defaults: std::borrow::Cow<'a, toml::Table>,
+    /// An array of tables (`[[path]]`): none by default; `defaults` are one element's.
+    array: bool,
 }
 
 /// Visits every section that has scalar keys, depth first, in declaration order.
@@ -31,11 +33,12 @@ fn walk<'a>(
             path: path.to_string(),
             doc,
             scalars,
-            defaults: table,
+            defaults: std::borrow::Cow::Borrowed(table),
+            array: false,
         });
     }
     for f in fields {
-        let (Some(nested), Some(toml::Value::Table(t))) = ((f.nested)(), table.get(f.name)) else {
+        let Some(nested) = (f.nested)() else {
             continue;
         };
         let sub = if path.is_empty() {
@@ -43,7 +46,17 @@ fn walk<'a>(
         } else {
             format!("{path}.{}", f.name)
         };
-        walk(t, nested, &sub, f.doc, visit);
+        match (table.get(f.name), (f.element_defaults)()) {
+            (Some(toml::Value::Table(t)), _) => walk(t, nested, &sub, f.doc, visit),
+            (_, Some(element)) => visit(Section {
+                path: sub,
+                doc: f.doc,
+                scalars: nested.iter().collect(),
+                defaults: std::borrow::Cow::Owned(element),
+                array: true,
+            }),
+            _ => {}
+        }
     }
 }
 
@@ -61,14 +74,18 @@ pub fn example_config() -> String {
     walk(&table, Config::fields().unwrap_or(&[]), "", "", &mut |s| {
         out.push('\n');
         comment(&mut out, s.doc);
-        // Top-level keys come first, before any table.
-        if !s.path.is_empty() {
+        // Top-level keys come first, before any table. An array of tables has no element by
+        // default: it is shown commented out.
+        let hash = if s.array { "# " } else { "" };
+        if s.array {
+            let _ = writeln!(out, "# [[{}]]", s.path);
+        } else if !s.path.is_empty() {
             let _ = writeln!(out, "[{}]", s.path);
         }
         for f in s.scalars {
             if let Some(v) = s.defaults.get(f.name) {
                 comment(&mut out, f.doc);
-                let _ = writeln!(out, "{} = {v}", f.name);
+                let _ = writeln!(out, "{hash}{} = {v}", f.name);
             }
         }
     });
@@ -100,6 +117,8 @@ pub fn reference() -> String {
     walk(&table, Config::fields().unwrap_or(&[]), "", "", &mut |s| {
         let title = if s.path.is_empty() {
             "Top level".to_string()
+        } else if s.array {
+            format!("`[[{}]]` (one table per entry; none by default)", s.path)
         } else {
             format!("`[{}]`", s.path)
         };

@@ -22,12 +22,19 @@ pub struct FieldDoc {
     pub doc: &'static str,
     /// The fields of a nested section (`None` for a scalar).
     pub nested: fn() -> Option<&'static [FieldDoc]>,
+    /// For an array of tables (`[[…]]`): the defaults of one element.
+    pub element_defaults: fn() -> Option<toml::Table>,
 }
 
 /// Types that can describe their fields. Scalars have none.
 pub trait Describe {
     /// The fields of this section, or `None` for a scalar.
     fn fields() -> Option<&'static [FieldDoc]> {
+        None
+    }
+
+    /// For an array of tables: the defaults of one element.
+    fn element_defaults() -> Option<toml::Table> {
         None
     }
 }
@@ -55,7 +62,15 @@ impl std::fmt::Debug for SecretMap {
 
 impl Describe for SecretMap {}
 
-impl<T> Describe for Vec<T> {}
+impl<T: Describe + Default + serde::Serialize> Describe for Vec<T> {
+    fn fields() -> Option<&'static [FieldDoc]> {
+        T::fields()
+    }
+
+    fn element_defaults() -> Option<toml::Table> {
+        T::fields().and_then(|_| toml::Table::try_from(T::default()).ok())
+    }
+}
 impl Describe for bool {}
 impl Describe for u32 {}
 impl Describe for u64 {}
@@ -95,6 +110,7 @@ macro_rules! config_section {
                     ty: stringify!($ty),
                     doc: concat!($($doc, "\n"),*),
                     nested: <$ty as $crate::config::Describe>::fields,
+                    element_defaults: <$ty as $crate::config::Describe>::element_defaults,
                 }, )* ])
             }
         }
@@ -131,6 +147,8 @@ config_section! {
         /// eBPF: per-process NVIDIA driver calls, GPU memory and contexts, joined with
         /// containers and pods.
         pub ebpf: crate::sources::ebpf::EbpfConfig = Default::default(),
+        /// Redfish: liquid cooling, leak detection and board thermals from BMCs and CDUs.
+        pub redfish: crate::sources::redfish::RedfishConfig = Default::default(),
     }
 }
 
@@ -185,6 +203,7 @@ impl Config {
         self.sources.nvml.validate("sources.nvml", &mut out);
         self.sources.kmsg.validate("sources.kmsg", &mut out);
         self.sources.ebpf.validate("sources.ebpf", &mut out);
+        self.sources.redfish.validate("sources.redfish", &mut out);
         self.sinks.otlp.validate("sinks.otlp", &mut out);
         out
     }

@@ -1,6 +1,7 @@
 //! The node model: inventory, the latest samples per GPU and group, and per-GPU state.
 //! Sources write into it; sinks read snapshots of it. Sources never talk to sinks.
 
+pub mod bmc;
 pub mod events;
 pub mod health;
 pub mod processes;
@@ -190,6 +191,7 @@ pub struct Model {
     gpus: Mutex<Vec<Arc<Mutex<GpuSlot>>>>,
     sources: Mutex<BTreeMap<&'static str, bool>>,
     source_details: Mutex<BTreeMap<&'static str, Vec<String>>>,
+    bmc: Mutex<BTreeMap<(&'static str, String), Arc<bmc::Poll>>>,
     driver: Mutex<Option<DriverInfo>>,
     sets: Mutex<Sets>,
     /// Events: health transitions, XIDs, …
@@ -276,6 +278,37 @@ impl Model {
     /// What each source said about itself.
     pub fn source_details(&self) -> BTreeMap<&'static str, Vec<String>> {
         lock(&self.source_details).clone()
+    }
+
+    /// Records what one poll of a BMC target produced and publishes its samples (replacing
+    /// the target's previous ones).
+    pub fn set_bmc(&self, source: &'static str, poll: bmc::Poll) {
+        self.publish(source, poll.target.clone(), poll.samples());
+        lock(&self.bmc).insert((source, poll.target.clone()), Arc::new(poll));
+    }
+
+    /// The latest poll of every BMC target, by source.
+    pub fn bmc_polls(&self) -> Vec<(&'static str, Arc<bmc::Poll>)> {
+        lock(&self.bmc)
+            .iter()
+            .map(|((s, _), p)| (*s, p.clone()))
+            .collect()
+    }
+
+    /// The UUID of the GPU with this board serial number or UUID (how a BMC names a GPU).
+    pub fn gpu_by_identity(&self, serial: Option<&str>, uuid: Option<&str>) -> Option<String> {
+        let serial = serial.map(str::trim).filter(|s| !s.is_empty());
+        let uuid = uuid
+            .map(|u| u.trim().trim_start_matches("GPU-").to_ascii_lowercase())
+            .filter(|u| !u.is_empty());
+        self.gpus().iter().find_map(|g| {
+            let info = &lock(g).info;
+            let by_serial = serial.is_some() && info.serial.as_deref().map(str::trim) == serial;
+            let by_uuid = uuid
+                .as_deref()
+                .is_some_and(|u| info.uuid.trim_start_matches("GPU-").to_ascii_lowercase() == u);
+            (by_serial || by_uuid).then(|| info.uuid.clone())
+        })
     }
 
     /// Source up flags.

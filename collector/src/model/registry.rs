@@ -140,14 +140,14 @@ registry! {
         "nvmlDeviceGetBAR1MemoryInfo", "BAR1 memory in use.";
     Bar1Limit = "gpu.bar1.limit", "By", UpDownCounter, [], Memory,
         "nvmlDeviceGetBAR1MemoryInfo", "Total BAR1 memory.";
-    Power = "hw.power", "W", Gauge, ["hw.type"], Power,
-        "nvmlDeviceGetPowerUsage (mW)", "Power drawn by the board.";
+    Power = "hw.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Power,
+        "nvmlDeviceGetPowerUsage (mW); Redfish Sensor (Power), EnvironmentMetrics.PowerWatts; IPMI sensors in W", "Power drawn by the board (NVML), or a power reading a BMC reports (with junction.target).";
     PowerLimit = "gpu.power.limit", "W", Gauge, ["gpu.power.limit_type"], Power,
         "nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetPowerManagementDefaultLimit, nvmlDeviceGetPowerManagementLimitConstraints", "Power limits: enforced, default, min, max.";
-    Energy = "hw.energy", "J", Counter, ["hw.type"], Power,
-        "nvmlDeviceGetTotalEnergyConsumption (mJ)", "Energy consumed since the driver was loaded.";
-    Temperature = "hw.temperature", "Cel", Gauge, ["hw.sensor_location"], Temperature,
-        "nvmlDeviceGetTemperatureV (gpu_die; nvmlDeviceGetTemperature on older drivers), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction)", "GPU die and memory-junction (HBM) temperature.";
+    Energy = "hw.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "junction.target"], Power,
+        "nvmlDeviceGetTotalEnergyConsumption (mJ); Redfish Sensor (EnergyJoules, EnergyWh, EnergykWh), EnvironmentMetrics", "Energy consumed since the driver was loaded (NVML), or an energy counter a BMC reports.";
+    Temperature = "hw.temperature", "Cel", Gauge, ["hw.sensor_location", "hw.type", "hw.name", "hw.parent", "junction.target"], Temperature,
+        "nvmlDeviceGetTemperatureV (gpu_die; nvmlDeviceGetTemperature on older drivers), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction); Redfish Sensor (Temperature), ThermalMetrics, legacy Thermal; IPMI temperature sensors", "GPU die and memory-junction (HBM) temperature from NVML; temperatures a BMC reports (with junction.target; a BMC sensor about a GPU carries the GPU's hw.id).";
     TemperatureLimit = "hw.temperature.limit", "Cel", Gauge, ["hw.sensor_location", "hw.limit_type"], Temperature,
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_TEMPERATURE_*_TLIMIT) (nvmlDeviceGetTemperatureThreshold on older drivers)", "Temperature thresholds: slowdown, shutdown, max operating (die and memory).";
     FanSpeed = "hw.fan.speed_ratio", "1", Gauge, ["hw.fan.index"], Temperature,
@@ -252,6 +252,46 @@ registry! {
         "agent", "Kernel-log records read: /dev/kmsg records or file lines.";
     KmsgLost = "junction.kmsg.lost", "{record}", Counter, [], Status,
         "agent", "/dev/kmsg records overwritten before they were read (EPIPE: sequence gaps) or too large to read.";
+    Voltage = "hw.voltage", "V", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish Sensor (ReadingType Voltage), IPMI sensors in V", "A voltage a BMC reports (hw.id is the sensor, or the GPU it belongs to).";
+    FanRpm = "hw.fan.speed", "rpm", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish Fan / Sensor (Rotational), legacy Thermal Fans, IPMI fan sensors", "Fan speed a BMC reports.";
+    CoolantFlow = "cooling.flow", "L/min", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "cooling.coolant.point"], Status,
+        "Redfish CoolantConnector.FlowLitersPerMinute, Sensor (LiquidFlowLPM, LiquidFlow), IPMI flow sensors", "Coolant flow through a loop, connector or cold plate.";
+    CoolantPressure = "cooling.pressure", "kPa", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "cooling.coolant.point"], Status,
+        "Redfish CoolantConnector.{Supply,Return,Delta}PressurekPa, Pump.InletPressurekPa, Filter.DeltaLiquidPressurekPa, Sensor (PressurekPa, PressurePa, Pressure)", "Coolant pressure relative to atmosphere (delta: across the connector or filter).";
+    CoolantTemperature = "cooling.coolant.temperature", "Cel", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "cooling.coolant.point"], Status,
+        "Redfish CoolantConnector.{Supply,Return,Delta}TemperatureCelsius", "Coolant temperature at a connector: supply, return, or the difference (delta).";
+    HeatRemoved = "cooling.heat_removed", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish CoolantConnector.HeatRemovedkW, Sensor (Heat, kW)", "Heat the coolant carries away.";
+    PumpSpeed = "cooling.pump.speed", "rpm", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish Pump.PumpSpeedPercent.SpeedRPM, IPMI pump tachometers", "Pump speed.";
+    PumpSpeedRatio = "cooling.pump.speed_ratio", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish Pump.PumpSpeedPercent.Reading", "Pump speed as a fraction of its maximum.";
+    CoolantLevel = "cooling.coolant.level", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish Reservoir.FluidLevelPercent, CoolingLoop.CoolantLevelPercent", "Coolant level in a reservoir or loop, as a fraction of full.";
+    Humidity = "cooling.humidity", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish Sensor (Humidity), EnvironmentMetrics.HumidityPercent, LeakDetectorGroups.HumidityPercent", "Relative humidity.";
+    ValvePosition = "cooling.valve.position", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish CoolantConnector.ValvePositionPercent, Sensor (Valve)", "How far a valve is open (1 = fully open).";
+    LeakState = "cooling.leak.detector.state", "1", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "junction.target", "cooling.leak.state"], Status,
+        "Redfish LeakDetector.DetectorState, LeakDetectorGroups.Detectors, IPMI discrete leak sensors", "1 for the leak detector's current state (ok, warning, critical, unavailable, absent), 0 for the others.";
+    SensorReading = "bmc.sensor.reading", "{reading}", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "bmc.sensor.unit"], Status,
+        "Redfish Sensor, IPMI sensor", "A BMC reading with no more specific metric (current, frequency, liquid level, altitude, …), in bmc.sensor.unit.";
+    SensorState = "bmc.sensor.state", "1", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "junction.target", "bmc.sensor.state"], Status,
+        "Redfish Sensor thresholds and Status.Health, IPMI sensor state", "1 for the sensor's current state against its thresholds (ok, warning, critical), 0 for the others.";
+    SensorThreshold = "bmc.sensor.threshold", "{reading}", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "bmc.threshold", "bmc.sensor.unit"], Status,
+        "Redfish Sensor.Thresholds, legacy Thermal thresholds, IPMI SDR thresholds", "A sensor threshold (lower/upper caution, critical, fatal) in the reading's unit (bmc.sensor.unit).";
+    ComponentInfo = "bmc.component.info", "{component}", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.model", "hw.serial_number", "junction.target"], Status,
+        "Redfish Chassis, ThermalEquipment units, loops, connectors, pumps, filters, reservoirs, leak detectors; IPMI BMC", "A component a BMC reports, with its identity; always 1.";
+    TargetUp = "junction.target.up", "{state}", Gauge, ["junction.source", "junction.target"], Status,
+        "agent", "1 if the last poll of a BMC target succeeded.";
+    TargetPollDuration = "junction.target.poll.duration", "s", Gauge, ["junction.source", "junction.target"], Status,
+        "agent", "How long the last poll of a BMC target took (up to its timeout).";
+    TargetRequests = "junction.target.requests", "{request}", Counter, ["junction.source", "junction.target"], Status,
+        "agent", "Requests made to a BMC target (HTTP requests; IPMI tool runs).";
+    TargetPollFailures = "junction.target.poll.failures", "{poll}", Counter, ["junction.source", "junction.target", "error.type"], Status,
+        "agent", "Polls of a BMC target that failed, by reason (timeout, auth, tls, connect, protocol).";
     SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,
         "agent", "1 while a source is running and answering.";
     SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage"], Status,

@@ -5,8 +5,14 @@
 pub mod ebpf;
 pub mod kmsg;
 pub mod nvml;
+pub mod redfish;
 
 use crate::agent::Component;
 
 /// Every source, in start order.
-pub const ALL: &[Component] = &[nvml::COMPONENT, kmsg::COMPONENT, ebpf::COMPONENT];
+pub const ALL: &[Component] = &[
+    nvml::COMPONENT,
+    kmsg::COMPONENT,
+    ebpf::COMPONENT,
+    redfish::COMPONENT,
+];

@@ -1,0 +1,277 @@
+//! A Redfish client for one target: rustls (verification on unless `insecure`), basic auth or
+//! one session (created once, reused, re-created on 401, deleted at shutdown), a bound on
+//! requests in flight, every request counted. Credentials never reach a log.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use super::RedfishTarget;
+
+/// Why a request failed, by what an operator does about it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// No answer in time.
+    #[error("timed out")]
+    Timeout,
+    /// Credentials refused.
+    #[error(
+        "authentication failed (HTTP {0}): check username and the password file for this target"
+    )]
+    Auth(u16),
+    /// The certificate was not trusted.
+    #[error("TLS: {0} (give the BMC's CA in ca_file, or set insecure = true to skip verification)")]
+    Tls(String),
+    /// Could not connect.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// An HTTP error status.
+    #[error("HTTP {0} for {1}")]
+    Status(u16, String),
+    /// Not JSON, or not the expected shape.
+    #[error("bad answer from {0}: {1}")]
+    Protocol(String, String),
+}
+
+impl Error {
+    /// The `error.type` of `junction.target.poll.failures`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Timeout => "timeout",
+            Error::Auth(_) => "auth",
+            Error::Tls(_) => "tls",
+            Error::Connect(_) => "connect",
+            Error::Status(..) => "http",
+            Error::Protocol(..) => "protocol",
+        }
+    }
+}
+
+fn classify(e: &reqwest::Error) -> Error {
+    if e.is_timeout() {
+        return Error::Timeout;
+    }
+    // The chain says whether TLS refused the certificate.
+    let mut chain = String::new();
+    let mut src: Option<&dyn std::error::Error> = Some(e);
+    while let Some(s) = src {
+        chain.push_str(&s.to_string());
+        chain.push_str(": ");
+        src = s.source();
+    }
+    let lower = chain.to_ascii_lowercase();
+    if lower.contains("certificate") || lower.contains("unknownissuer") || lower.contains("tls") {
+        let why = chain
+            .split(": ")
+            .filter(|p| !p.is_empty())
+            .last()
+            .unwrap_or("certificate not trusted")
+            .to_string();
+        return Error::Tls(why);
+    }
+    Error::Connect(
+        chain
+            .trim_end_matches(": ")
+            .rsplit(": ")
+            .next()
+            .unwrap_or("")
+            .to_string(),
+    )
+}
+
+enum Auth {
+    None,
+    Basic {
+        user: String,
+        password: String,
+    },
+    Session {
+        user: String,
+        password: String,
+        /// (X-Auth-Token, the session's URI).
+        session: Mutex<Option<(String, Option<String>)>>,
+    },
+}
+
+/// The client.
+pub struct Client {
+    http: reqwest::Client,
+    base: reqwest::Url,
+    auth: Auth,
+    limit: Semaphore,
+    requests: AtomicU64,
+    /// Whether `$expand` failed once on this target (then it is not tried again).
+    pub expand_failed: AtomicBool,
+}
+
+impl Client {
+    /// Builds the client (reads the CA file; the password was read by the caller).
+    pub fn new(t: &RedfishTarget, password: Option<String>) -> Result<Self, String> {
+        let base = reqwest::Url::parse(&t.url).map_err(|e| format!("url {:?}: {e}", t.url))?;
+        let timeout = Duration::from_secs(t.timeout_secs.max(1));
+        let mut b = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .tls_backend_rustls()
+            .pool_max_idle_per_host(t.max_concurrent_requests.max(1) as usize)
+            .user_agent(concat!("junction/", env!("CARGO_PKG_VERSION")));
+        if !t.ca_file.is_empty() {
+            let pem =
+                std::fs::read(&t.ca_file).map_err(|e| format!("ca_file {:?}: {e}", t.ca_file))?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| format!("ca_file {:?}: not PEM certificates: {e}", t.ca_file))?
+            {
+                b = b.add_root_certificate(cert);
+            }
+        }
+        if t.insecure {
+            b = b.tls_danger_accept_invalid_certs(true);
+        }
+        let http = b.build().map_err(|e| e.to_string())?;
+        let auth = match (t.username.is_empty(), password, t.auth.as_str()) {
+            (true, _, _) => Auth::None,
+            (false, p, "session") => Auth::Session {
+                user: t.username.clone(),
+                password: p.unwrap_or_default(),
+                session: Mutex::new(None),
+            },
+            (false, p, _) => Auth::Basic {
+                user: t.username.clone(),
+                password: p.unwrap_or_default(),
+            },
+        };
+        Ok(Self {
+            http,
+            base,
+            auth,
+            limit: Semaphore::new(t.max_concurrent_requests.max(1) as usize),
+            requests: AtomicU64::new(0),
+            expand_failed: AtomicBool::new(false),
+        })
+    }
+
+    /// Requests made so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn url(&self, path: &str) -> Result<reqwest::Url, Error> {
+        self.base
+            .join(path)
+            .map_err(|e| Error::Protocol(path.to_string(), e.to_string()))
+    }
+
+    fn session_token(&self) -> Option<String> {
+        match &self.auth {
+            Auth::Session { session, .. } => {
+                crate::model::lock(session).as_ref().map(|(t, _)| t.clone())
+            }
+            _ => None,
+        }
+    }
+
+    async fn login(&self) -> Result<(), Error> {
+        let Auth::Session {
+            user,
+            password,
+            session,
+        } = &self.auth
+        else {
+            return Ok(());
+        };
+        let url = self.url("/redfish/v1/SessionService/Sessions")?;
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let resp = self
+            .http
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::json!({ "UserName": user, "Password": password }).to_string())
+            .send()
+            .await
+            .map_err(|e| classify(&e))?;
+        let status = resp.status();
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(Error::Auth(status.as_u16()));
+        }
+        let token = resp
+            .headers()
+            .get("X-Auth-Token")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let Some(token) = token.filter(|_| status.is_success()) else {
+            return Err(Error::Status(
+                status.as_u16(),
+                "SessionService/Sessions (no X-Auth-Token)".into(),
+            ));
+        };
+        *crate::model::lock(session) = Some((token, location));
+        Ok(())
+    }
+
+    /// Deletes the session, if one was created.
+    pub async fn logout(&self) {
+        let Auth::Session { session, .. } = &self.auth else {
+            return;
+        };
+        let Some((token, Some(location))) = crate::model::lock(session).take() else {
+            return;
+        };
+        if let Ok(url) = self.url(&location) {
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let _ = self
+                .http
+                .delete(url)
+                .header("X-Auth-Token", token)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await;
+        }
+    }
+
+    /// GETs a resource as JSON. A 401 with a session re-creates it and tries once more.
+    pub async fn get(&self, path: &str) -> Result<Value, Error> {
+        let _permit = self.limit.acquire().await.map_err(|_| Error::Timeout)?;
+        if matches!(self.auth, Auth::Session { .. }) && self.session_token().is_none() {
+            self.login().await?;
+        }
+        for attempt in 0..2 {
+            let url = self.url(path)?;
+            let mut req = self.http.get(url).header("Accept", "application/json");
+            match &self.auth {
+                Auth::None => {}
+                Auth::Basic { user, password } => req = req.basic_auth(user, Some(password)),
+                Auth::Session { .. } => {
+                    if let Some(t) = self.session_token() {
+                        req = req.header("X-Auth-Token", t);
+                    }
+                }
+            }
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let resp = req.send().await.map_err(|e| classify(&e))?;
+            let status = resp.status();
+            if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+                if attempt == 0 && matches!(self.auth, Auth::Session { .. }) {
+                    self.login().await?;
+                    continue;
+                }
+                return Err(Error::Auth(status.as_u16()));
+            }
+            if !status.is_success() {
+                return Err(Error::Status(status.as_u16(), path.to_string()));
+            }
+            let bytes = resp.bytes().await.map_err(|e| classify(&e))?;
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Protocol(path.to_string(), format!("not JSON: {e}")));
+        }
+        Err(Error::Auth(401))
+    }
+}
