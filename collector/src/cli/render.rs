@@ -50,7 +50,85 @@ pub fn json(model: &Model) -> serde_json::Value {
             serde_json::json!({ "gpu": g.info, "health": health_json(&reasons), "metrics": metrics })
         })
         .collect();
-    serde_json::json!({ "driver": model.driver(), "gpus": gpus })
+    serde_json::json!({ "driver": model.driver(), "gpus": gpus, "bmc": bmc_json(model) })
+}
+
+/// What every BMC target reported.
+fn bmc_json(model: &Model) -> Vec<serde_json::Value> {
+    model
+        .bmc_polls()
+        .iter()
+        .map(|(source, p)| serde_json::json!({ "source": source, "target": p.target, "components": p.components, "readings": p.readings }))
+        .collect()
+}
+
+/// The unit a BMC reading is shown in.
+fn reading_unit(r: &crate::model::bmc::Reading) -> String {
+    use crate::model::bmc::Quantity;
+    match r.quantity {
+        Quantity::Other => r.unit.clone(),
+        Quantity::Temperature | Quantity::CoolantTemperature => "C".into(),
+        Quantity::Power | Quantity::Heat => "W".into(),
+        Quantity::Energy => "J".into(),
+        Quantity::Voltage => "V".into(),
+        Quantity::FanRpm | Quantity::PumpRpm => "RPM".into(),
+        Quantity::Flow => "L/min".into(),
+        Quantity::Pressure => "kPa".into(),
+        Quantity::FanRatio
+        | Quantity::PumpRatio
+        | Quantity::Humidity
+        | Quantity::Level
+        | Quantity::Valve => "ratio".into(),
+        Quantity::Leak => String::new(),
+    }
+}
+
+/// BMC targets' readings, as a table.
+fn bmc_table(model: &Model, out: &mut String) {
+    for (source, p) in model.bmc_polls() {
+        let _ = writeln!(
+            out,
+            "\nBMC {} ({source}): {} components, {} readings\n{:<44} {:>14} {:<8} {:<8} {}",
+            p.target,
+            p.components.len(),
+            p.readings.len(),
+            "Sensor",
+            "Reading",
+            "Unit",
+            "State",
+            "Where"
+        );
+        for r in &p.readings {
+            let value = if r.quantity == crate::model::bmc::Quantity::Leak {
+                crate::model::bmc::LEAK_STATES
+                    .get(r.value as usize)
+                    .copied()
+                    .unwrap_or("?")
+                    .to_string()
+            } else if r.value.is_nan() {
+                "-".into()
+            } else {
+                format!("{:.3}", r.value)
+                    .trim_end_matches('0')
+                    .trim_end_matches('.')
+                    .to_string()
+            };
+            let mut name = r.name.clone();
+            if let Some(p) = r.point {
+                name = format!("{name} ({p})");
+            }
+            name.truncate(44);
+            let _ = writeln!(
+                out,
+                "{:<44} {:>14} {:<8} {:<8} {}",
+                name,
+                value,
+                reading_unit(r),
+                r.state.map_or("-", |l| l.as_str()),
+                r.parent.as_deref().unwrap_or(&r.id)
+            );
+        }
+    }
 }
 
 /// `junction inventory --format json`.
@@ -68,7 +146,7 @@ pub fn inventory_json(model: &Model) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({ "driver": model.driver(), "gpus": gpus, "sources": model.source_details() })
+    serde_json::json!({ "driver": model.driver(), "gpus": gpus, "sources": model.source_details(), "bmc": bmc_json(model) })
 }
 
 /// `junction inventory`.
@@ -121,6 +199,18 @@ pub fn inventory_table(model: &Model) -> String {
         for l in lines {
             let _ = writeln!(out, "  {l}");
         }
+    }
+    for (source, p) in model.bmc_polls() {
+        let _ = writeln!(out, "\nBMC target {} ({source}):", p.target);
+        for c in &p.components {
+            let health = c.health.map_or("-", |h| h.as_str());
+            let _ = writeln!(
+                out,
+                "  {:<18} {:<40} health {:<8} {}",
+                c.hw_type, c.name, health, c.id
+            );
+        }
+        let _ = writeln!(out, "  readings: {}", p.readings.len());
     }
     out
 }
@@ -235,6 +325,7 @@ pub fn table(model: &Model) -> String {
             );
         }
     }
+    bmc_table(model, &mut out);
     for g in &snap {
         for r in model.health.reasons(&g.info.uuid) {
             let _ = writeln!(

@@ -149,6 +149,8 @@ config_section! {
         pub ebpf: crate::sources::ebpf::EbpfConfig = Default::default(),
         /// Redfish: liquid cooling, leak detection and board thermals from BMCs and CDUs.
         pub redfish: crate::sources::redfish::RedfishConfig = Default::default(),
+        /// IPMI: board and cooling sensors from BMCs (over LAN, or in-band via /dev/ipmi0).
+        pub ipmi: crate::sources::ipmi::IpmiConfig = Default::default(),
     }
 }
 
@@ -204,6 +206,7 @@ impl Config {
         self.sources.kmsg.validate("sources.kmsg", &mut out);
         self.sources.ebpf.validate("sources.ebpf", &mut out);
         self.sources.redfish.validate("sources.redfish", &mut out);
+        self.sources.ipmi.validate("sources.ipmi", &mut out);
         self.sinks.otlp.validate("sinks.otlp", &mut out);
         out
     }

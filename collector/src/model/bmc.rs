@@ -359,6 +359,8 @@ impl Poll {
             }
             let mut s = Sample::new(metric, r.value);
             s.attrs = attrs.clone();
+            // A discrete sensor has a state and no reading.
+            let has_value = !r.value.is_nan();
             if let Some(l) = &r.location {
                 s = s.with("hw.sensor_location", l.clone());
             }
@@ -368,7 +370,9 @@ impl Poll {
             if r.quantity == Quantity::Other {
                 s = s.with("bmc.sensor.unit", r.unit.clone());
             }
-            out.push(s);
+            if has_value {
+                out.push(s);
+            }
             let unit = registry_unit(r);
             for (name, v) in &r.thresholds {
                 let mut t = Sample::new(Metric::SensorThreshold, *v);

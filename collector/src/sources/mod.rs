@@ -3,6 +3,7 @@
 //! line in [`ALL`].
 
 pub mod ebpf;
+pub mod ipmi;
 pub mod kmsg;
 pub mod nvml;
 pub mod redfish;
@@ -15,4 +16,5 @@ pub const ALL: &[Component] = &[
     kmsg::COMPONENT,
     ebpf::COMPONENT,
     redfish::COMPONENT,
+    ipmi::COMPONENT,
 ];
