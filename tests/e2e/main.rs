@@ -3,6 +3,7 @@
 
 mod support;
 
+mod bmc;
 mod config_errors;
 mod ebpf;
 mod faults;

@@ -88,7 +88,7 @@ fn bmc_table(model: &Model, out: &mut String) {
     for (source, p) in model.bmc_polls() {
         let _ = writeln!(
             out,
-            "\nBMC {} ({source}): {} components, {} readings\n{:<44} {:>14} {:<8} {:<8} {}",
+            "\nBMC {} ({source}): {} components, {} readings\n{:<44} {:>14} {:<8} {:<8} Where",
             p.target,
             p.components.len(),
             p.readings.len(),
@@ -96,7 +96,6 @@ fn bmc_table(model: &Model, out: &mut String) {
             "Reading",
             "Unit",
             "State",
-            "Where"
         );
         for r in &p.readings {
             let value = if r.quantity == crate::model::bmc::Quantity::Leak {

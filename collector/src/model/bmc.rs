@@ -266,6 +266,16 @@ pub fn normalise(
     })
 }
 
+/// `value` in the registry's unit: multiplied by `factor`, or divided by its inverse where
+/// that is exact (percent to ratio: 70 / 100 is 0.7, 70 × 0.01 is not).
+pub fn scale(value: f64, factor: f64) -> f64 {
+    if factor < 1.0 && factor > 0.0 {
+        value / (1.0 / factor).round()
+    } else {
+        value * factor
+    }
+}
+
 /// Redfish threshold names as attribute values.
 pub fn threshold_name(key: &str) -> Option<&'static str> {
     Some(match key {

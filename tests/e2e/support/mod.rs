@@ -1,6 +1,7 @@
 //! Shared helpers: the simulator library, running the real `junction` binary, scraping and
 //! parsing `/metrics`, an OTLP receiver.
 
+pub mod bmc;
 pub mod otlp;
 
 use std::collections::BTreeMap;

@@ -243,9 +243,23 @@ fn args(t: &IpmiTarget, w: &Workdir, recreate: bool) -> Vec<String> {
     a
 }
 
+/// The tool's path: as given, or found on PATH, or in the sbin directories FreeIPMI installs
+/// to (not on every service's PATH).
+fn tool_path(tool: &str) -> PathBuf {
+    if tool.contains('/') {
+        return PathBuf::from(tool);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(tool))
+}
+
 /// Runs the tool once under the timeout; the whole process group is killed past it.
 async fn run_tool(t: &IpmiTarget, w: &Workdir, recreate: bool) -> Result<String, Error> {
-    let mut cmd = tokio::process::Command::new(&t.tool);
+    let mut cmd = tokio::process::Command::new(tool_path(&t.tool));
     cmd.args(args(t, w, recreate))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

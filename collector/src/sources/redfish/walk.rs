@@ -1,7 +1,7 @@
 //! Discovery: ServiceRoot → Chassis → Sensors (with `$expand` where the service advertises
 //! it), ThermalSubsystem (ThermalMetrics, Fans, Pumps, CoolantConnectors, LeakDetection), the
-//! chassis' LeakDetectors, EnvironmentMetrics, legacy Thermal (only where a chassis has neither
-//! Sensors nor ThermalSubsystem); ServiceRoot → ThermalEquipment → CDUs, ImmersionUnits,
+//! chassis' LeakDetectors, EnvironmentMetrics, legacy Thermal (only where the newer resources
+//! gave a chassis nothing); ServiceRoot → ThermalEquipment → CDUs, ImmersionUnits,
 //! HeatExchangers, RPUs, CoolingLoops; ServiceRoot → TelemetryService metric reports (NVIDIA
 //! HGX style; stale values skipped).
 //!
@@ -69,6 +69,9 @@ struct Acc {
     misnamed: Vec<(String, String)>,
     /// Sub-resources that failed.
     failed: u64,
+    /// An error that fails the whole poll (credentials refused past the ServiceRoot, which
+    /// services serve without authentication; TLS; the connection).
+    fatal: Option<Error>,
 }
 
 /// What one walk needs.
@@ -132,9 +135,21 @@ impl Walker {
                 Some(v)
             }
             Err(e) => {
-                tracing::debug!(path, error = %e, "Redfish resource skipped");
-                lock(&self.acc).failed += 1;
+                self.failure(path, e);
                 None
+            }
+        }
+    }
+
+    fn failure(&self, path: &str, e: Error) {
+        let mut acc = lock(&self.acc);
+        match e {
+            Error::Status(..) | Error::Protocol(..) => {
+                tracing::debug!(path, error = %e, "Redfish resource skipped");
+                acc.failed += 1;
+            }
+            e => {
+                acc.fatal.get_or_insert(e);
             }
         }
     }
@@ -159,8 +174,7 @@ impl Walker {
                     self.get(path).await
                 }
                 Err(e) => {
-                    tracing::debug!(path, error = %e, "Redfish collection skipped");
-                    lock(&self.acc).failed += 1;
+                    self.failure(path, e);
                     None
                 }
             }
@@ -223,7 +237,7 @@ impl Walker {
             return;
         };
         let thresholds = thresholds(doc.get("Thresholds"), factor);
-        let value = value * factor;
+        let value = bmc::scale(value, factor);
         let name = text(doc, "Name")
             .or_else(|| text(doc, "Id"))
             .unwrap_or(url)
@@ -319,7 +333,7 @@ impl Walker {
                 name: name.to_string(),
                 parent: parent.map(str::to_string),
                 quantity,
-                value: value * factor,
+                value: bmc::scale(value, factor),
                 unit: String::new(),
                 location: None,
                 point,
@@ -539,6 +553,10 @@ impl Walker {
     }
 
     async fn chassis(self: Arc<Self>, url: String, doc: Value) {
+        let before = {
+            let acc = lock(&self.acc);
+            acc.readings.len() + acc.excerpts.len()
+        };
         let (id, gpu) = lock(&self.acc)
             .chassis_ids
             .get(&url)
@@ -606,8 +624,12 @@ impl Walker {
             let t = if gpu { "gpu" } else { "chassis" };
             self.environment(&env, &id, t, &name, None);
         }
-        if sensors.is_none()
-            && subsystem.is_none()
+        // Legacy Thermal where the newer resources gave nothing (absent, or linked but empty).
+        let got = {
+            let acc = lock(&self.acc);
+            acc.readings.len() + acc.excerpts.len()
+        };
+        if got == before
             && let Some(t) = link(&doc, "Thermal")
             && let Some(th) = self.get(&t).await
         {
@@ -658,7 +680,7 @@ impl Walker {
                 (Quantity::FanRpm, 1.0)
             };
             let thresholds = legacy_thresholds(f, factor);
-            let value = value * factor;
+            let value = bmc::scale(value, factor);
             self.reading(Reading {
                 id: self.id(rid),
                 hw_type: "fan".into(),
@@ -885,7 +907,7 @@ fn thresholds(t: Option<&Value>, factor: f64) -> Vec<(&'static str, f64)> {
         .filter_map(|(k, v)| {
             let name = bmc::threshold_name(k)?;
             let r = v.get("Reading").and_then(num)?;
-            Some((name, r * factor))
+            Some((name, bmc::scale(r, factor)))
         })
         .collect();
     out.sort_by(|a, b| a.0.cmp(b.0));
@@ -903,7 +925,7 @@ fn legacy_thresholds(v: &Value, factor: f64) -> Vec<(&'static str, f64)> {
         ("LowerThresholdFatal", "lower_fatal"),
     ]
     .into_iter()
-    .filter_map(|(k, n)| v.get(k).and_then(num).map(|x| (n, x * factor)))
+    .filter_map(|(k, n)| v.get(k).and_then(num).map(|x| (n, bmc::scale(x, factor))))
     .collect()
 }
 
@@ -1009,6 +1031,9 @@ pub async fn walk(
             .expand_failed
             .load(std::sync::atomic::Ordering::Relaxed);
     let mut acc = std::mem::take(&mut *lock(&w.acc));
+    if let Some(e) = acc.fatal.take() {
+        return Err(e);
+    }
     let seen = std::mem::take(&mut acc.seen);
     let mut keys: HashSet<(String, String, Option<&'static str>, String)> = acc
         .readings

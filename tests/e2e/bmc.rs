@@ -1,0 +1,1197 @@
+//! BMC sources end to end against real servers on loopback: `sushy-static` serving the DMTF
+//! CDU and liquid-cooled-server mockups, a DGX H100 capture and a tree written here;
+//! `sushy-emulator` with basic auth over TLS; a slow and a silent BMC; OpenIPMI's `ipmi_sim`
+//! compared with `ipmitool`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::bmc::{self, BadBmc, IpmiSim};
+use crate::support::{self, Agent, Series, parse, value};
+
+fn fixtures() -> PathBuf {
+    support::root().join("tests/fixtures")
+}
+
+/// A config with only the given sections (NVML on the simulator when `nvml`).
+fn config(sections: &str, nvml: bool, port: u16) -> String {
+    let base = if nvml {
+        support::sim_config("current", port, "")
+    } else {
+        format!(
+            "state_dir = {:?}\n[sources.nvml]\nenabled = false\n{}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
+            support::temp_dir().join("state").display().to_string(),
+            support::EBPF_OFF
+        )
+    };
+    format!("{base}\n[sources.kmsg]\nenabled = false\n{sections}")
+}
+
+/// `junction once --format prometheus` with `config`: (exit ok, stdout, stderr).
+fn once(config_text: &str) -> (bool, String, String) {
+    let dir = support::temp_dir();
+    let path = dir.join("junction.toml");
+    std::fs::write(&path, config_text).expect("config");
+    let out = support::output(
+        support::junction()
+            .env(
+                "JUNCTION_NVML_SIM_SCENARIO",
+                support::scenario("h100-training.toml"),
+            )
+            .arg("--config")
+            .arg(&path)
+            .args(["once", "--format", "prometheus"]),
+    );
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn redfish_target(name: &str, url: &str, extra: &str) -> String {
+    format!("\n[[sources.redfish.targets]]\nname = {name:?}\nurl = {url:?}\n{extra}\n")
+}
+
+/// A reading as BMCs send it.
+fn num(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+    .filter(|x: &f64| x.is_finite())
+}
+
+/// The metric and factor a Sensor's reading is exported as (the spec, written out here
+/// independently of the code under test).
+fn sensor_metric(doc: &Value) -> (&'static str, f64) {
+    let units = doc["ReadingUnits"].as_str().unwrap_or("");
+    let ctx = doc["PhysicalContext"].as_str().unwrap_or("");
+    let ty = doc["ReadingType"].as_str().unwrap_or(match units {
+        "Cel" => "Temperature",
+        "W" => "Power",
+        "V" => "Voltage",
+        "kPa" => "PressurekPa",
+        "L/min" => "LiquidFlowLPM",
+        "kW" => "Heat",
+        "RPM" | "{rev}/min" => "Rotational",
+        "%" => "Percent",
+        _ => "Other",
+    });
+    match ty {
+        "Temperature" => ("hw_temperature_celsius", 1.0),
+        "Humidity" => ("cooling_humidity_ratio", 0.01),
+        "Power" => ("hw_power_watts", 1.0),
+        "EnergyJoules" => ("hw_energy_joules_total", 1.0),
+        "EnergyWh" => ("hw_energy_joules_total", 3600.0),
+        "EnergykWh" => ("hw_energy_joules_total", 3.6e6),
+        "Voltage" => ("hw_voltage_volts", 1.0),
+        "LiquidFlowLPM" => ("cooling_flow_liters_per_minute", 1.0),
+        "LiquidFlow" => ("cooling_flow_liters_per_minute", 60.0),
+        "PressurekPa" => ("cooling_pressure_kilopascals", 1.0),
+        "PressurePa" | "Pressure" => ("cooling_pressure_kilopascals", 0.001),
+        "Heat" => ("cooling_heat_removed_watts", 1000.0),
+        "Rotational" if ctx == "Pump" => ("cooling_pump_speed_rpm", 1.0),
+        "Rotational" => ("hw_fan_speed_rpm", 1.0),
+        "Percent" if ctx == "Pump" => ("cooling_pump_speed_ratio", 0.01),
+        "Percent" if ctx == "Fan" => ("hw_fan_speed_ratio", 0.01),
+        "Valve" => ("cooling_valve_position_ratio", 0.01),
+        _ => ("bmc_sensor_reading", 1.0),
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+}
+
+/// Every Sensor, CoolantConnector, Pump and chassis LeakDetector in the tree at `dir` (served
+/// as target `target`) is exported with the tree's value. Returns how many were checked.
+fn check_tree(target: &str, dir: &Path, series: &[Series]) -> usize {
+    // What discovery can reach: members of some collection (a mockup may hold resources that
+    // nothing links, e.g. a sensor only a processor's EnvironmentMetrics points at).
+    let mut reachable = std::collections::HashSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(doc) =
+                serde_json::from_str::<Value>(&std::fs::read_to_string(&p).unwrap_or_default())
+            {
+                for m in doc["Members"].as_array().into_iter().flatten() {
+                    if let Some(u) = m["@odata.id"].as_str() {
+                        reachable.insert(u.trim_start_matches("/redfish/v1").to_string());
+                    }
+                }
+            }
+        }
+    }
+    let mut checked = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            if p.file_name().and_then(|n| n.to_str()) != Some("index.json") {
+                continue;
+            }
+            let doc: Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).expect("read")).expect("json");
+            let rel = p
+                .parent()
+                .and_then(|x| x.strip_prefix(dir).ok())
+                .map(|x| format!("/{}", x.display()))
+                .unwrap_or_default();
+            if !reachable.contains(&rel) {
+                continue;
+            }
+            // Identified by where it was fetched from, whatever it declares.
+            let id = format!("{target}:{rel}");
+            let ty = doc["@odata.type"].as_str().unwrap_or("");
+            let mut expect = |metric: &str, labels: &[(&str, &str)], v: f64| {
+                let mut l = vec![("hw_id", id.as_str())];
+                l.extend_from_slice(labels);
+                let got = value(series, metric, &l);
+                assert!(
+                    got.is_some_and(|g| close(g, v)),
+                    "{target} {rel}: {metric} {labels:?} is {got:?}, the tree says {v}"
+                );
+                checked += 1;
+            };
+            if ty.starts_with("#Sensor.") {
+                if let Some(r) = num(&doc["Reading"]) {
+                    let (metric, factor) = sensor_metric(&doc);
+                    expect(metric, &[], r * factor);
+                }
+            } else if ty.starts_with("#CoolantConnector.") {
+                for (key, metric, point, f) in [
+                    (
+                        "FlowLitersPerMinute",
+                        "cooling_flow_liters_per_minute",
+                        None,
+                        1.0,
+                    ),
+                    (
+                        "SupplyTemperatureCelsius",
+                        "cooling_coolant_temperature_celsius",
+                        Some("supply"),
+                        1.0,
+                    ),
+                    (
+                        "ReturnTemperatureCelsius",
+                        "cooling_coolant_temperature_celsius",
+                        Some("return"),
+                        1.0,
+                    ),
+                    (
+                        "SupplyPressurekPa",
+                        "cooling_pressure_kilopascals",
+                        Some("supply"),
+                        1.0,
+                    ),
+                    ("HeatRemovedkW", "cooling_heat_removed_watts", None, 1000.0),
+                ] {
+                    if let Some(r) = num(&doc[key]["Reading"]) {
+                        let labels: Vec<(&str, &str)> = point
+                            .map(|p| vec![("cooling_coolant_point", p)])
+                            .unwrap_or_default();
+                        expect(metric, &labels, r * f);
+                    }
+                }
+            } else if ty.starts_with("#Pump.") {
+                if let Some(r) = num(&doc["PumpSpeedPercent"]["Reading"]) {
+                    expect("cooling_pump_speed_ratio", &[], r * 0.01);
+                }
+            } else if ty.starts_with("#LeakDetector.")
+                && rel.contains("/LeakDetectors/")
+                && !rel.contains("/LeakDetection/")
+            {
+                let state = match doc["DetectorState"].as_str() {
+                    Some("OK") => "ok",
+                    Some("Warning") => "warning",
+                    Some("Critical") => "critical",
+                    _ => continue,
+                };
+                expect(
+                    "cooling_leak_detector_state",
+                    &[("cooling_leak_state", state)],
+                    1.0,
+                );
+            }
+        }
+    }
+    checked
+}
+
+#[test]
+fn dmtf_and_dgx_mockups_every_exported_value_equals_the_tree() {
+    let Some(tool) = bmc::venv_tool("sushy-static") else {
+        return;
+    };
+    let trees = [
+        ("cdu", fixtures().join("redfish/dmtf-public-cooling-unit")),
+        (
+            "1u",
+            fixtures().join("redfish/dmtf-public-liquid-cooled-server"),
+        ),
+        ("dgx", fixtures().join("redfish/nvidia-dgx-h100/redfish/v1")),
+    ];
+    let servers: Vec<_> = trees
+        .iter()
+        .map(|(_, d)| bmc::sushy_static(&tool, d))
+        .collect();
+    let mut sections = String::new();
+    for ((name, _), s) in trees.iter().zip(&servers) {
+        sections.push_str(&redfish_target(
+            name,
+            &format!("http://127.0.0.1:{}", s.port),
+            "",
+        ));
+    }
+    let (ok, out, err) = once(&config(&sections, false, support::free_port()));
+    assert!(ok, "{err}");
+    let series = parse(&out);
+    for (name, dir) in &trees {
+        let n = check_tree(name, dir, &series);
+        eprintln!("{name}: {n} values checked");
+        assert!(n >= 10, "{name}: only {n} values checked");
+        assert_eq!(
+            value(&series, "junction_target_up", &[("junction_target", name)]),
+            Some(1.0)
+        );
+    }
+    // The CDU mockup's SecondaryHeatLoad declares PrimaryHeatLoad's id: both are exported.
+    assert_eq!(
+        value(
+            &series,
+            "cooling_heat_removed_watts",
+            &[("hw_id", "cdu:/Chassis/CDU/Sensors/SecondaryHeatLoad")]
+        ),
+        Some(25310.0)
+    );
+    assert_eq!(
+        value(
+            &series,
+            "cooling_heat_removed_watts",
+            &[("hw_id", "cdu:/Chassis/CDU/Sensors/PrimaryHeatLoad")]
+        ),
+        Some(25480.0)
+    );
+    // The liquid-cooled server's CPU1Temp has no ReadingType: inferred from Cel.
+    assert!(
+        value(
+            &series,
+            "hw_temperature_celsius",
+            &[("hw_id", "1u:/Chassis/1U/Sensors/CPU1Temp")]
+        )
+        .is_some()
+    );
+    // The DGX's legacy Thermal (no Sensors on that chassis) is read, with its thresholds.
+    assert!(
+        out.contains("hw_name=\"TEMP_GB_HSC5\""),
+        "legacy Thermal read"
+    );
+    // Its metric report's values of sensors read elsewhere are not exported twice.
+    let dram: Vec<_> = series
+        .iter()
+        .filter(|s| {
+            s.name == "hw_temperature_celsius"
+                && s.labels
+                    .get("hw_name")
+                    .is_some_and(|n| n.contains("SXM 1 DRAM 0 Temp"))
+        })
+        .collect();
+    assert_eq!(dram.len(), 1, "{dram:#?}");
+}
+
+fn write(dir: &Path, path: &str, doc: Value) {
+    let d = if path.is_empty() {
+        dir.to_path_buf()
+    } else {
+        dir.join(path)
+    };
+    std::fs::create_dir_all(&d).expect("dir");
+    std::fs::write(
+        d.join("index.json"),
+        serde_json::to_vec_pretty(&doc).expect("json"),
+    )
+    .expect("write");
+}
+
+fn members(base: &str, names: &[&str]) -> Value {
+    json!({
+        "@odata.id": base,
+        "Members": names.iter().map(|n| json!({"@odata.id": format!("{base}/{n}")})).collect::<Vec<_>>(),
+        "Members@odata.count": names.len(),
+    })
+}
+
+/// A tree written here, modelled on the mockups, with every quirk the source handles and a
+/// GPU chassis carrying the simulator's first GPU's serial number.
+fn project_tree(gpu_serial: &str) -> PathBuf {
+    let dir = support::temp_dir().join("tree");
+    let r = "/redfish/v1";
+    write(
+        &dir,
+        "",
+        json!({
+            "@odata.id": r, "@odata.type": "#ServiceRoot.v1_17_0.ServiceRoot", "Name": "Rack BMC", "Vendor": "Junction tests",
+            "Chassis": {"@odata.id": format!("{r}/Chassis")},
+            "ThermalEquipment": {"@odata.id": format!("{r}/ThermalEquipment")},
+            "TelemetryService": {"@odata.id": format!("{r}/TelemetryService")},
+            // Advertised, but sushy-static answers 404 to any query: the walk falls back.
+            "ProtocolFeaturesSupported": {"ExpandQuery": {"Levels": true, "MaxLevels": 2}}
+        }),
+    );
+    write(
+        &dir,
+        "Chassis",
+        members(&format!("{r}/Chassis"), &["Rack1", "GPU0"]),
+    );
+    write(
+        &dir,
+        "Chassis/Rack1",
+        json!({
+            "@odata.id": format!("{r}/Chassis/Rack1"), "@odata.type": "#Chassis.v1_26_0.Chassis", "Id": "Rack1", "Name": "Rack 1",
+            "Status": {"Health": "Warning"},
+            "Sensors": {"@odata.id": format!("{r}/Chassis/Rack1/Sensors")},
+            "LeakDetectors": {"@odata.id": format!("{r}/Chassis/Rack1/LeakDetectors")},
+            "ThermalSubsystem": {"@odata.id": format!("{r}/Chassis/Rack1/ThermalSubsystem")}
+        }),
+    );
+    let s = format!("{r}/Chassis/Rack1/Sensors");
+    write(
+        &dir,
+        "Chassis/Rack1/Sensors",
+        members(
+            &s,
+            &[
+                "Inlet", "Flow", "NoType", "Broken", "DupA", "DupB", "Pressure",
+            ],
+        ),
+    );
+    let sensor = |id: &str, extra: Value| {
+        let mut d = json!({"@odata.id": format!("{s}/{id}"), "@odata.type": "#Sensor.v1_12_0.Sensor", "Id": id, "Name": id});
+        for (k, v) in extra.as_object().expect("object") {
+            d[k] = v.clone();
+        }
+        d
+    };
+    write(
+        &dir,
+        "Chassis/Rack1/Sensors/Inlet",
+        sensor(
+            "Inlet",
+            json!({"Reading": 24.5, "ReadingType": "Temperature", "ReadingUnits": "Cel", "PhysicalContext": "LiquidInlet"}),
+        ),
+    );
+    // A reading sent as a string.
+    write(
+        &dir,
+        "Chassis/Rack1/Sensors/Flow",
+        sensor(
+            "Flow",
+            json!({"Reading": "41.500000", "ReadingType": "LiquidFlowLPM", "ReadingUnits": "L/min",
+        "Thresholds": {"LowerCritical": {"Reading": 20}, "LowerCaution": {"Reading": "30"}}}),
+        ),
+    );
+    // No ReadingType: the units say what it is.
+    write(
+        &dir,
+        "Chassis/Rack1/Sensors/NoType",
+        sensor("NoType", json!({"Reading": 33.25, "ReadingUnits": "Cel"})),
+    );
+    // No reading at all.
+    write(
+        &dir,
+        "Chassis/Rack1/Sensors/Broken",
+        sensor(
+            "Broken",
+            json!({"Reading": "nan", "ReadingType": "Temperature", "ReadingUnits": "Cel"}),
+        ),
+    );
+    write(
+        &dir,
+        "Chassis/Rack1/Sensors/DupA",
+        sensor(
+            "DupA",
+            json!({"Reading": 1.5, "ReadingType": "Voltage", "ReadingUnits": "V"}),
+        ),
+    );
+    // Declares DupA's id (as the DMTF CDU mockup's SecondaryHeatLoad does): still itself.
+    let mut dup_b = sensor(
+        "DupA",
+        json!({"Reading": 3.3, "ReadingType": "Voltage", "ReadingUnits": "V"}),
+    );
+    dup_b["Name"] = json!("DupB");
+    write(&dir, "Chassis/Rack1/Sensors/DupB", dup_b);
+    // Pascals, above its caution threshold.
+    write(
+        &dir,
+        "Chassis/Rack1/Sensors/Pressure",
+        sensor(
+            "Pressure",
+            json!({"Reading": 250000, "ReadingType": "PressurePa", "ReadingUnits": "Pa",
+        "Thresholds": {"UpperCaution": {"Reading": 240000}, "UpperCritical": {"Reading": 300000}}}),
+        ),
+    );
+    write(
+        &dir,
+        "Chassis/Rack1/LeakDetectors",
+        members(&format!("{r}/Chassis/Rack1/LeakDetectors"), &["ColdPlate"]),
+    );
+    write(
+        &dir,
+        "Chassis/Rack1/LeakDetectors/ColdPlate",
+        json!({"@odata.id": format!("{r}/Chassis/Rack1/LeakDetectors/ColdPlate"),
+        "@odata.type": "#LeakDetector.v1_6_0.LeakDetector", "Name": "Cold plate leak", "DetectorState": "Warning", "LeakDetectorType": "Moisture"}),
+    );
+    write(
+        &dir,
+        "Chassis/Rack1/ThermalSubsystem",
+        json!({"@odata.id": format!("{r}/Chassis/Rack1/ThermalSubsystem"),
+        "CoolantConnectors": {"@odata.id": format!("{r}/Chassis/Rack1/ThermalSubsystem/CoolantConnectors")},
+        "Pumps": {"@odata.id": format!("{r}/Chassis/Rack1/ThermalSubsystem/Pumps")}}),
+    );
+    write(
+        &dir,
+        "Chassis/Rack1/ThermalSubsystem/CoolantConnectors",
+        members(
+            &format!("{r}/Chassis/Rack1/ThermalSubsystem/CoolantConnectors"),
+            &["Loop1"],
+        ),
+    );
+    write(
+        &dir,
+        "Chassis/Rack1/ThermalSubsystem/CoolantConnectors/Loop1",
+        json!({
+        "@odata.id": format!("{r}/Chassis/Rack1/ThermalSubsystem/CoolantConnectors/Loop1"), "@odata.type": "#CoolantConnector.v1_3_0.CoolantConnector",
+        "Name": "Loop 1", "FlowLitersPerMinute": {"Reading": 55.5}, "SupplyTemperatureCelsius": {"Reading": 28},
+        "ReturnTemperatureCelsius": {"Reading": "38.25"}, "HeatRemovedkW": {"Reading": 12.5}}),
+    );
+    write(
+        &dir,
+        "Chassis/Rack1/ThermalSubsystem/Pumps",
+        members(
+            &format!("{r}/Chassis/Rack1/ThermalSubsystem/Pumps"),
+            &["P1"],
+        ),
+    );
+    write(
+        &dir,
+        "Chassis/Rack1/ThermalSubsystem/Pumps/P1",
+        json!({"@odata.id": format!("{r}/Chassis/Rack1/ThermalSubsystem/Pumps/P1"),
+        "@odata.type": "#Pump.v1_2_0.Pump", "Name": "Pump 1", "PumpSpeedPercent": {"Reading": 70, "SpeedRPM": 3100}}),
+    );
+    // The GPU's board, as an HGX baseboard reports it.
+    write(
+        &dir,
+        "Chassis/GPU0",
+        json!({"@odata.id": format!("{r}/Chassis/GPU0"), "@odata.type": "#Chassis.v1_17_0.Chassis",
+        "Name": "GPU_SXM_1", "ChassisType": "Module", "SerialNumber": gpu_serial,
+        "Sensors": {"@odata.id": format!("{r}/Chassis/GPU0/Sensors")}}),
+    );
+    write(
+        &dir,
+        "Chassis/GPU0/Sensors",
+        members(
+            &format!("{r}/Chassis/GPU0/Sensors"),
+            &["GPU0_DRAM_0_Temp_0"],
+        ),
+    );
+    write(
+        &dir,
+        "Chassis/GPU0/Sensors/GPU0_DRAM_0_Temp_0",
+        json!({"@odata.id": format!("{r}/Chassis/GPU0/Sensors/GPU0_DRAM_0_Temp_0"),
+        "@odata.type": "#Sensor.v1_2_0.Sensor", "Name": "GPU0 DRAM 0 Temp 0", "Reading": 71, "ReadingType": "Temperature", "ReadingUnits": "Cel",
+        "PhysicalContext": "GPU", "Thresholds": {"UpperCritical": {"Reading": 95}}}),
+    );
+    write(
+        &dir,
+        "ThermalEquipment",
+        json!({"@odata.id": format!("{r}/ThermalEquipment"), "CDUs": {"@odata.id": format!("{r}/ThermalEquipment/CDUs")}}),
+    );
+    write(
+        &dir,
+        "ThermalEquipment/CDUs",
+        members(&format!("{r}/ThermalEquipment/CDUs"), &["1"]),
+    );
+    write(
+        &dir,
+        "ThermalEquipment/CDUs/1",
+        json!({"@odata.id": format!("{r}/ThermalEquipment/CDUs/1"), "@odata.type": "#CoolingUnit.v1_5_0.CoolingUnit",
+        "Name": "Row CDU", "EquipmentType": "CDU", "Status": {"Health": "Critical"},
+        "PrimaryCoolantConnectors": {"@odata.id": format!("{r}/ThermalEquipment/CDUs/1/PrimaryCoolantConnectors")}}),
+    );
+    write(
+        &dir,
+        "ThermalEquipment/CDUs/1/PrimaryCoolantConnectors",
+        members(
+            &format!("{r}/ThermalEquipment/CDUs/1/PrimaryCoolantConnectors"),
+            &["1"],
+        ),
+    );
+    write(
+        &dir,
+        "ThermalEquipment/CDUs/1/PrimaryCoolantConnectors/1",
+        json!({"@odata.id": format!("{r}/ThermalEquipment/CDUs/1/PrimaryCoolantConnectors/1"),
+        "@odata.type": "#CoolantConnector.v1_3_0.CoolantConnector", "Name": "Facility supply", "FlowLitersPerMinute": {"Reading": 120}}),
+    );
+    // The CDU forgets to link its reservoir.
+    write(
+        &dir,
+        "ThermalEquipment/CDUs/1/Reservoirs",
+        members(&format!("{r}/ThermalEquipment/CDUs/1/Reservoirs"), &["R1"]),
+    );
+    write(
+        &dir,
+        "ThermalEquipment/CDUs/1/Reservoirs/R1",
+        json!({"@odata.id": format!("{r}/ThermalEquipment/CDUs/1/Reservoirs/R1"),
+        "@odata.type": "#Reservoir.v1_0_2.Reservoir", "Name": "Reservoir", "FluidLevelPercent": {"Reading": 85}}),
+    );
+    write(
+        &dir,
+        "TelemetryService",
+        json!({"@odata.id": format!("{r}/TelemetryService"), "MetricReports": {"@odata.id": format!("{r}/TelemetryService/MetricReports")}}),
+    );
+    write(
+        &dir,
+        "TelemetryService/MetricReports",
+        members(&format!("{r}/TelemetryService/MetricReports"), &["Env"]),
+    );
+    write(
+        &dir,
+        "TelemetryService/MetricReports/Env",
+        json!({"@odata.id": format!("{r}/TelemetryService/MetricReports/Env"), "MetricValues": [
+            {"MetricProperty": format!("{r}/Chassis/GPU0/Sensors/GPU0_Power_0"), "MetricValue": "455.5", "Oem": {"Nvidia": {"MetricValueStale": false}}},
+            {"MetricProperty": format!("{r}/Chassis/GPU0/Sensors/GPU0_TEMP_1"), "MetricValue": "60.0", "Oem": {"Nvidia": {"MetricValueStale": true}}},
+            {"MetricProperty": format!("{r}/Chassis/GPU0/Sensors/GPU0_Energy_0"), "MetricValue": "nan"},
+            {"MetricProperty": format!("{r}/Chassis/GPU0/Sensors/GPU0_DRAM_0_Temp_0#/Reading"), "MetricValue": "71.0"}
+        ]}),
+    );
+    dir
+}
+
+#[test]
+fn a_tree_with_every_quirk_and_a_gpu_the_bmc_shares_with_nvml() {
+    let Some(tool) = bmc::venv_tool("sushy-static") else {
+        return;
+    };
+    // The simulator's first GPU.
+    let mut agent = Agent::start("h100-training.toml", "current");
+    let s = parse(&support::scrape(agent.port, Duration::from_secs(5)).expect("scrape"));
+    let gpu = s
+        .iter()
+        .find(|x| x.name == "gpu_info" && x.labels["gpu_index"] == "0")
+        .expect("gpu 0")
+        .clone();
+    agent.terminate();
+    let (uuid, serial) = (
+        gpu.labels["hw_id"].clone(),
+        gpu.labels["hw_serial_number"].clone(),
+    );
+    let tree = project_tree(&serial);
+    let server = bmc::sushy_static(&tool, &tree);
+    let (ok, out, err) = once(&config(
+        &redfish_target("rack", &format!("http://127.0.0.1:{}", server.port), ""),
+        true,
+        support::free_port(),
+    ));
+    assert!(ok, "{err}");
+    let s = parse(&out);
+    let v = |m: &str, l: &[(&str, &str)]| value(&s, m, l);
+    let id = |p: &str| format!("rack:{p}");
+    assert_eq!(
+        v(
+            "hw_temperature_celsius",
+            &[
+                ("hw_id", &id("/Chassis/Rack1/Sensors/Inlet")),
+                ("hw_sensor_location", "liquid_inlet")
+            ]
+        ),
+        Some(24.5)
+    );
+    assert_eq!(
+        v(
+            "cooling_flow_liters_per_minute",
+            &[("hw_id", &id("/Chassis/Rack1/Sensors/Flow"))]
+        ),
+        Some(41.5),
+        "a string reading"
+    );
+    assert_eq!(
+        v(
+            "bmc_sensor_threshold",
+            &[
+                ("hw_id", &id("/Chassis/Rack1/Sensors/Flow")),
+                ("bmc_threshold", "lower_caution")
+            ]
+        ),
+        Some(30.0)
+    );
+    assert_eq!(
+        v(
+            "hw_temperature_celsius",
+            &[("hw_id", &id("/Chassis/Rack1/Sensors/NoType"))]
+        ),
+        Some(33.25),
+        "type from the units"
+    );
+    assert!(!out.contains("Sensors/Broken"), "nan is no reading");
+    assert_eq!(
+        v(
+            "hw_voltage_volts",
+            &[("hw_id", &id("/Chassis/Rack1/Sensors/DupA"))]
+        ),
+        Some(1.5)
+    );
+    assert_eq!(
+        v(
+            "hw_voltage_volts",
+            &[("hw_id", &id("/Chassis/Rack1/Sensors/DupB"))]
+        ),
+        Some(3.3),
+        "the duplicated id"
+    );
+    assert_eq!(
+        v(
+            "cooling_pressure_kilopascals",
+            &[("hw_id", &id("/Chassis/Rack1/Sensors/Pressure"))]
+        ),
+        Some(250.0),
+        "Pa to kPa"
+    );
+    assert_eq!(
+        v(
+            "bmc_sensor_state",
+            &[
+                ("hw_id", &id("/Chassis/Rack1/Sensors/Pressure")),
+                ("bmc_sensor_state", "warning")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        v(
+            "bmc_sensor_threshold",
+            &[
+                ("hw_id", &id("/Chassis/Rack1/Sensors/Pressure")),
+                ("bmc_threshold", "upper_critical")
+            ]
+        ),
+        Some(300.0)
+    );
+    assert_eq!(
+        v(
+            "cooling_leak_detector_state",
+            &[
+                ("hw_id", &id("/Chassis/Rack1/LeakDetectors/ColdPlate")),
+                ("cooling_leak_state", "warning")
+            ]
+        ),
+        Some(1.0)
+    );
+    let loop1 = id("/Chassis/Rack1/ThermalSubsystem/CoolantConnectors/Loop1");
+    assert_eq!(
+        v("cooling_flow_liters_per_minute", &[("hw_id", &loop1)]),
+        Some(55.5)
+    );
+    assert_eq!(
+        v(
+            "cooling_coolant_temperature_celsius",
+            &[("hw_id", &loop1), ("cooling_coolant_point", "return")]
+        ),
+        Some(38.25)
+    );
+    assert_eq!(
+        v("cooling_heat_removed_watts", &[("hw_id", &loop1)]),
+        Some(12500.0)
+    );
+    let p1 = id("/Chassis/Rack1/ThermalSubsystem/Pumps/P1");
+    assert_eq!(v("cooling_pump_speed_rpm", &[("hw_id", &p1)]), Some(3100.0));
+    assert_eq!(v("cooling_pump_speed_ratio", &[("hw_id", &p1)]), Some(0.7));
+    assert_eq!(
+        v(
+            "cooling_flow_liters_per_minute",
+            &[(
+                "hw_id",
+                &id("/ThermalEquipment/CDUs/1/PrimaryCoolantConnectors/1")
+            )]
+        ),
+        Some(120.0)
+    );
+    assert_eq!(
+        v(
+            "cooling_coolant_level_ratio",
+            &[("hw_id", &id("/ThermalEquipment/CDUs/1/Reservoirs/R1"))]
+        ),
+        Some(0.85),
+        "an unlinked reservoir"
+    );
+    assert_eq!(
+        v(
+            "hw_status",
+            &[
+                ("hw_id", &id("/ThermalEquipment/CDUs/1")),
+                ("hw_state", "failed")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        v(
+            "hw_status",
+            &[("hw_id", &id("/Chassis/Rack1")), ("hw_state", "degraded")]
+        ),
+        Some(1.0)
+    );
+    // The BMC's HBM temperature of the GPU carries the GPU's NVML hw.id, next to NVML's.
+    assert_eq!(
+        v(
+            "hw_temperature_celsius",
+            &[
+                ("hw_id", &uuid),
+                ("junction_target", "rack"),
+                ("hw_name", "GPU0 DRAM 0 Temp 0")
+            ]
+        ),
+        Some(71.0)
+    );
+    assert!(
+        v(
+            "hw_temperature_celsius",
+            &[("hw_id", &uuid), ("hw_sensor_location", "memory_junction")]
+        )
+        .is_some(),
+        "NVML's HBM temperature"
+    );
+    // The metric report: a fresh value exported (about the GPU), a stale one and a nan not,
+    // one of a sensor read already not twice.
+    assert_eq!(
+        v(
+            "hw_power_watts",
+            &[("hw_id", &uuid), ("junction_target", "rack")]
+        ),
+        Some(455.5)
+    );
+    assert!(!out.contains("GPU0_TEMP_1"), "stale value skipped");
+    assert!(!out.contains("GPU0_Energy_0"), "nan skipped");
+    assert_eq!(
+        s.iter()
+            .filter(|x| x.name == "hw_temperature_celsius"
+                && x.labels.get("junction_target").map(String::as_str) == Some("rack")
+                && x.labels["hw_id"] == uuid)
+            .count(),
+        1
+    );
+    // `junction once` as a table shows the BMC too.
+    let dir = support::temp_dir();
+    let path = dir.join("junction.toml");
+    std::fs::write(
+        &path,
+        config(
+            &redfish_target("rack", &format!("http://127.0.0.1:{}", server.port), ""),
+            false,
+            support::free_port(),
+        ),
+    )
+    .expect("config");
+    let table = support::output(support::junction().arg("--config").arg(&path).arg("once"));
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("BMC rack (redfish)") && text.contains("Loop 1 (return)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn sushy_emulator_basic_auth_over_tls() {
+    let Some(tool) = bmc::venv_tool("sushy-emulator") else {
+        return;
+    };
+    let ca = support::otlp::test_ca();
+    let server = bmc::sushy_emulator(
+        &tool,
+        "monitor",
+        "s3cret-pass",
+        &ca.server.cert,
+        &ca.server.key,
+    );
+    let dir = support::temp_dir();
+    let (caf, good, bad) = (dir.join("ca.pem"), dir.join("good"), dir.join("bad"));
+    std::fs::write(&caf, &ca.ca).expect("ca");
+    std::fs::write(&good, "s3cret-pass\n").expect("pw");
+    std::fs::write(&bad, "wrong-pass\n").expect("pw");
+    let url = format!("https://127.0.0.1:{}", server.port);
+    let target = |pw: &Path, extra: &str| {
+        redfish_target(
+            "emu",
+            &url,
+            &format!(
+                "username = \"monitor\"\npassword_file = {:?}\n{extra}",
+                pw.display().to_string()
+            ),
+        )
+    };
+    // Trusted CA, right password: the emulator's (legacy Thermal) readings.
+    let (ok, out, err) = once(&config(
+        &target(&good, &format!("ca_file = {:?}", caf.display().to_string())),
+        false,
+        support::free_port(),
+    ));
+    assert!(
+        ok,
+        "{err}\n{}",
+        std::fs::read_to_string(&server.log).unwrap_or_default()
+    );
+    let s = parse(&out);
+    assert_eq!(
+        value(&s, "junction_target_up", &[("junction_target", "emu")]),
+        Some(1.0)
+    );
+    assert!(
+        s.iter()
+            .any(|x| x.name == "hw_temperature_celsius" && x.value == 41.0),
+        "CPU Temp 41 C:\n{out}"
+    );
+    assert!(
+        s.iter()
+            .any(|x| x.name == "hw_fan_speed_rpm" && x.value == 2100.0),
+        "a fan at 2100 RPM"
+    );
+    // An untrusted certificate is refused, saying what to do.
+    let (ok, _, err) = once(&config(&target(&good, ""), false, support::free_port()));
+    assert!(!ok);
+    assert!(err.contains("TLS") && err.contains("ca_file"), "{err}");
+    // ... unless configured.
+    let (ok, out, err) = once(&config(
+        &target(&good, "insecure = true"),
+        false,
+        support::free_port(),
+    ));
+    assert!(ok, "{err}");
+    assert!(err.contains("verification is off"), "a warning: {err}");
+    assert_eq!(
+        value(
+            &parse(&out),
+            "junction_target_up",
+            &[("junction_target", "emu")]
+        ),
+        Some(1.0)
+    );
+    // A wrong password: up 0, a clear error, no crash, the other sources go on, no secret in
+    // the log.
+    let port = support::free_port();
+    let mut agent = Agent::spawn_config(
+        "h100-training.toml",
+        &config(
+            &target(
+                &bad,
+                &format!(
+                    "ca_file = {:?}\ninterval_secs = 1",
+                    caf.display().to_string()
+                ),
+            ),
+            true,
+            port,
+        ),
+    );
+    let body = agent.wait_for(Duration::from_secs(30), |m| {
+        value(
+            &parse(m),
+            "junction_target_poll_failures_total",
+            &[("junction_target", "emu"), ("error_type", "auth")],
+        )
+        .is_some()
+            && m.contains("hw_gpu_memory_usage_bytes")
+    });
+    assert_eq!(
+        value(
+            &parse(&body),
+            "junction_target_up",
+            &[("junction_target", "emu")]
+        ),
+        Some(0.0)
+    );
+    let log = agent.log();
+    assert!(log.contains("authentication failed"), "{log}");
+    assert!(
+        !log.contains("wrong-pass") && !log.contains("s3cret"),
+        "no password in the log"
+    );
+    assert!(
+        agent.child.try_wait().expect("status").is_none(),
+        "still running"
+    );
+}
+
+#[test]
+fn a_slow_and_a_silent_bmc_time_out_on_schedule_never_overlap_and_hold_nothing_up() {
+    let slow = BadBmc::start(Some(Duration::from_secs(3)));
+    let silent = BadBmc::start(None);
+    let port = support::free_port();
+    let sections = redfish_target(
+        "slow",
+        &format!("http://127.0.0.1:{}", slow.port),
+        "timeout_secs = 1\ninterval_secs = 1",
+    ) + &redfish_target(
+        "silent",
+        &format!("http://127.0.0.1:{}", silent.port),
+        "timeout_secs = 1\ninterval_secs = 1",
+    );
+    let mut agent = Agent::spawn_config("h100-training.toml", &config(&sections, true, port));
+    let start = Instant::now();
+    let body = agent.wait_for(Duration::from_secs(30), |m| {
+        let s = parse(m);
+        ["slow", "silent"].iter().all(|t| {
+            value(
+                &s,
+                "junction_target_poll_failures_total",
+                &[("junction_target", t), ("error_type", "timeout")],
+            )
+            .is_some_and(|n| n >= 4.0)
+        })
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let s = parse(&body);
+    for (t, b) in [("slow", &slow), ("silent", &silent)] {
+        assert_eq!(
+            value(&s, "junction_target_up", &[("junction_target", t)]),
+            Some(0.0)
+        );
+        let d = value(
+            &s,
+            "junction_target_poll_duration_seconds",
+            &[("junction_target", t)],
+        )
+        .expect("duration");
+        assert!(
+            (1.0..3.0).contains(&d),
+            "{t}: a poll ends at its 1 s timeout, took {d}"
+        );
+        // One poll at a time: never two connections open at once.
+        assert_eq!(
+            b.max_open.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "{t}: polls overlapped"
+        );
+        let polls = b.connections.load(std::sync::atomic::Ordering::SeqCst) as f64;
+        assert!(
+            polls <= elapsed + 3.0,
+            "{t}: {polls} polls in {elapsed:.1} s with a 1 s interval"
+        );
+    }
+    // NVML is unaffected: its data is there and fresh.
+    assert!(body.contains("hw_gpu_memory_usage_bytes"));
+    assert!(agent.log().contains("Redfish poll failed"));
+}
+
+/// `ipmitool sensor` (name → value, thresholds unc/uc/unr/lnc/lc/lnr).
+/// One `ipmitool sensor` line: name, reading, thresholds.
+type IpmitoolSensor = (String, Option<f64>, Vec<(&'static str, f64)>);
+
+fn ipmitool(sim: &IpmiSim) -> Vec<IpmitoolSensor> {
+    let out = support::output(std::process::Command::new("ipmitool").args([
+        "-I",
+        "lanplus",
+        "-H",
+        "127.0.0.1",
+        "-p",
+        &sim.server.port.to_string(),
+        "-U",
+        "monitor",
+        "-P",
+        "monpass",
+        "-L",
+        "USER",
+        "sensor",
+    ]));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('|').map(str::trim).collect();
+            if f.len() < 10 {
+                return None;
+            }
+            let t = |i: usize| f[i].parse::<f64>().ok();
+            let mut th = Vec::new();
+            for (i, n) in [
+                (4, "lower_fatal"),
+                (5, "lower_critical"),
+                (6, "lower_caution"),
+                (7, "upper_caution"),
+                (8, "upper_critical"),
+                (9, "upper_fatal"),
+            ] {
+                if let Some(x) = t(i) {
+                    th.push((n, x));
+                }
+            }
+            Some((f[0].to_string(), t(1), th))
+        })
+        .collect()
+}
+
+fn ipmi_target(sim: &IpmiSim) -> String {
+    let pw = support::temp_dir().join("ipmi-pw");
+    std::fs::write(&pw, "monpass\n").expect("pw");
+    format!(
+        "\n[[sources.ipmi.targets]]\nname = \"sim\"\nhost = \"127.0.0.1\"\nport = {}\nusername = \"monitor\"\npassword_file = {:?}\nworkaround_flags = \"opensesspriv\"\ninterval_secs = 1\ntimeout_secs = 5\n",
+        sim.server.port,
+        pw.display().to_string()
+    )
+}
+
+fn have_ipmi_tools() -> bool {
+    ["ipmi_sim", "ipmitool", "ipmi-sensors", "sdrcomp"]
+        .iter()
+        .all(|t| {
+            support::require_tool(t, None).is_some()
+                || support::require_tool(t, Some(PathBuf::from("/usr/sbin").join(t))).is_some()
+        })
+}
+
+#[test]
+fn ipmi_sim_values_equal_ipmitool_and_a_live_change_shows_at_the_next_poll() {
+    if !have_ipmi_tools() {
+        return;
+    }
+    let emu = std::fs::read_to_string(fixtures().join("ipmi/sim2.emu")).expect("emu");
+    let sim = IpmiSim::start(&emu);
+    let port = support::free_port();
+    let mut agent = Agent::spawn_config(
+        "h100-training.toml",
+        &config(&ipmi_target(&sim), false, port),
+    );
+    let body = agent.wait_for(Duration::from_secs(30), |m| {
+        m.contains("junction_target_up{junction_source=\"ipmi\",junction_target=\"sim\"} 1")
+    });
+    let s = parse(&body);
+    let reference = ipmitool(&sim);
+    assert_eq!(reference.len(), 4, "{reference:?}");
+    for (name, v, _) in &reference {
+        let got = s
+            .iter()
+            .find(|x| x.labels.get("hw_name") == Some(name) && !x.name.starts_with("bmc_"))
+            .map(|x| x.value);
+        assert_eq!(got, *v, "{name}: junction {got:?}, ipmitool {v:?}");
+    }
+    // Pushed over its critical threshold through the simulator's console.
+    sim.console("sensor_set_value 0x20 0 1 95 1");
+    let body = agent.wait_for(Duration::from_secs(15), |m| {
+        let s = parse(m);
+        value(&s, "hw_temperature_celsius", &[("hw_name", "GPU1 Temp")]) == Some(95.0)
+    });
+    let s = parse(&body);
+    assert_eq!(
+        value(
+            &s,
+            "bmc_sensor_state",
+            &[("hw_name", "GPU1 Temp"), ("bmc_sensor_state", "critical")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        ipmitool(&sim)
+            .iter()
+            .find(|r| r.0 == "GPU1 Temp")
+            .and_then(|r| r.1),
+        Some(95.0)
+    );
+}
+
+#[test]
+fn ipmi_thresholds_equal_ipmitool_and_a_leak_is_critical() {
+    if !have_ipmi_tools() {
+        return;
+    }
+    let emu = format!(
+        "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02\nsel_enable 0x20 1000 0x0a\n{}\
+         sensor_add 0x20 0 1 0x01 0x01\nsensor_set_value 0x20 0 1 55 0\nsensor_set_threshold 0x20 0 1 settable 111000 100 90 80 0 0 0\n\
+         sensor_add 0x20 0 2 0x01 0x01\nsensor_set_value 0x20 0 2 30 0\n\
+         sensor_add 0x20 0 3 0x04 0x01\nsensor_set_value 0x20 0 3 60 0\n\
+         sensor_add 0x20 0 4 0x0b 0x01\nsensor_set_value 0x20 0 4 84 0\nsensor_set_threshold 0x20 0 4 settable 000011 0 0 0 0 80 120\n\
+         sensor_add 0x20 0 5 0x0a 0x03\nsensor_set_bit 0x20 0 5 0 1 0\nmc_enable 0x20\n",
+        bmc::sdr_lines(&fixtures().join("ipmi/cooling.sdrs"))
+    );
+    let sim = IpmiSim::start(&emu);
+    let port = support::free_port();
+    let mut agent = Agent::spawn_config(
+        "h100-training.toml",
+        &config(&ipmi_target(&sim), false, port),
+    );
+    let body = agent.wait_for(Duration::from_secs(30), |m| {
+        m.contains("cooling_leak_detector_state")
+    });
+    let s = parse(&body);
+    for (name, _, thresholds) in ipmitool(&sim) {
+        for (t, v) in thresholds {
+            assert_eq!(
+                value(
+                    &s,
+                    "bmc_sensor_threshold",
+                    &[("hw_name", &name), ("bmc_threshold", t)]
+                ),
+                Some(v),
+                "{name} {t}"
+            );
+        }
+    }
+    assert_eq!(
+        value(
+            &s,
+            "bmc_sensor_threshold",
+            &[
+                ("hw_name", "Coolant Flow"),
+                ("bmc_threshold", "lower_critical")
+            ]
+        ),
+        Some(40.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "cooling_leak_detector_state",
+            &[("hw_name", "Leak Manifold"), ("cooling_leak_state", "ok")]
+        ),
+        Some(1.0)
+    );
+    // The flow drops below its lower critical threshold; the manifold gets wet.
+    sim.console("sensor_set_value 0x20 0 4 50 1");
+    sim.console("sensor_set_bit 0x20 0 5 0 0 0");
+    sim.console("sensor_set_bit 0x20 0 5 1 1 1");
+    let body = agent.wait_for(Duration::from_secs(15), |m| {
+        let s = parse(m);
+        value(
+            &s,
+            "cooling_leak_detector_state",
+            &[
+                ("hw_name", "Leak Manifold"),
+                ("cooling_leak_state", "critical"),
+            ],
+        ) == Some(1.0)
+            && value(
+                &s,
+                "cooling_flow_liters_per_minute",
+                &[("hw_name", "Coolant Flow")],
+            ) == Some(25.0)
+    });
+    assert_eq!(
+        value(
+            &parse(&body),
+            "bmc_sensor_state",
+            &[
+                ("hw_name", "Coolant Flow"),
+                ("bmc_sensor_state", "critical")
+            ]
+        ),
+        Some(1.0)
+    );
+}

@@ -1,0 +1,325 @@
+//! BMCs on loopback: `sushy-static` and `sushy-emulator` (PyPI sushy-tools, in the test venv),
+//! OpenIPMI's `ipmi_sim`, and two misbehaving HTTP servers (slow, silent).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{free_port, root, temp_dir};
+
+/// A program from the test venv (`cargo xtask test` installs sushy-tools there); `None`
+/// outside CI when it is missing (skips with the reason), a failure in CI.
+pub fn venv_tool(name: &str) -> Option<PathBuf> {
+    super::require_tool(name, Some(root().join("target/venv/bin").join(name)))
+}
+
+/// A server process, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_http(port: u16, tls: bool, child: &mut Child, log: &Path) {
+    let start = Instant::now();
+    loop {
+        // A TCP connect is enough to know it listens (TLS and auth are what the tests test).
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            let _ = tls;
+            return;
+        }
+        if let Ok(Some(s)) = child.try_wait() {
+            panic!(
+                "server exited ({s}): {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "server not listening: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `sushy-static` serving a short-form tree (`dir/index.json` is the ServiceRoot).
+pub fn sushy_static(tool: &Path, dir: &Path) -> Server {
+    let port = free_port();
+    let log = temp_dir().join("sushy-static.log");
+    let mut child = Command::new(tool)
+        .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start sushy-static");
+    wait_http(port, false, &mut child, &log);
+    Server { child, port, log }
+}
+
+/// `sushy-emulator` (fake driver) with basic auth (bcrypt htpasswd) over TLS.
+pub fn sushy_emulator(tool: &Path, user: &str, password: &str, cert: &str, key: &str) -> Server {
+    let dir = temp_dir();
+    let python = root().join("target/venv/bin/python");
+    let hash = Command::new(&python)
+        .args([
+            "-c",
+            "import bcrypt,sys; print(bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt(rounds=4)).decode())",
+            password,
+        ])
+        .output()
+        .expect("bcrypt");
+    assert!(hash.status.success(), "bcrypt: {hash:?}");
+    let htpasswd = dir.join("htpasswd");
+    std::fs::write(
+        &htpasswd,
+        format!("{user}:{}\n", String::from_utf8_lossy(&hash.stdout).trim()),
+    )
+    .expect("htpasswd");
+    let (certf, keyf) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&certf, cert).expect("cert");
+    std::fs::write(&keyf, key).expect("key");
+    let port = free_port();
+    let conf = dir.join("emulator.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = {port}\nSUSHY_EMULATOR_AUTH_FILE = '{}'\nSUSHY_EMULATOR_SSL_CERT = '{}'\nSUSHY_EMULATOR_SSL_KEY = '{}'\nSUSHY_EMULATOR_FAKE_DRIVER = True\n",
+            htpasswd.display(),
+            certf.display(),
+            keyf.display()
+        ),
+    )
+    .expect("conf");
+    let log = dir.join("sushy-emulator.log");
+    let mut child = Command::new(tool)
+        .arg("--config")
+        .arg(&conf)
+        .arg("--fake")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start sushy-emulator");
+    wait_http(port, true, &mut child, &log);
+    Server { child, port, log }
+}
+
+/// A BMC that accepts connections and answers after `delay` (never, with `None`); counts
+/// connections and the most open at once.
+pub struct BadBmc {
+    pub port: u16,
+    pub connections: Arc<AtomicUsize>,
+    pub max_open: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl BadBmc {
+    pub fn start(delay: Option<Duration>) -> BadBmc {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let max_open = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c, m, s) = (connections.clone(), max_open.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let Ok((mut stream, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                c.fetch_add(1, Ordering::SeqCst);
+                let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                let (open, s) = (open.clone(), s.clone());
+                std::thread::spawn(move || {
+                    let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+                    let started = Instant::now();
+                    let mut buf = [0u8; 4096];
+                    let mut answered = false;
+                    // Until the client closes the connection (or the test ends).
+                    while !s.load(Ordering::Relaxed) {
+                        if let Ok(0) = stream.read(&mut buf) {
+                            break;
+                        }
+                        if let Some(d) = delay
+                            && !answered
+                            && started.elapsed() >= d
+                        {
+                            let body = br#"{"@odata.id": "/redfish/v1", "Name": "slow"}"#;
+                            let _ = write!(
+                                stream,
+                                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                                body.len()
+                            );
+                            let _ = stream.write_all(body);
+                            answered = true;
+                        }
+                    }
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        BadBmc {
+            port,
+            connections,
+            max_open,
+            stop,
+        }
+    }
+}
+
+impl Drop for BadBmc {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// OpenIPMI's `ipmi_sim` on a free UDP port, with a console on a free TCP port.
+pub struct IpmiSim {
+    pub server: Server,
+    pub console: u16,
+}
+
+/// `main_sdr_add` lines for the SDRs in `sdrs` (sdrcomp syntax), compiled with `sdrcomp -r`.
+pub fn sdr_lines(sdrs: &Path) -> String {
+    let out = Command::new("sdrcomp")
+        .arg("-r")
+        .arg(sdrs)
+        .output()
+        .expect("run sdrcomp");
+    assert!(
+        out.status.success(),
+        "sdrcomp: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let raw = out.stdout;
+    let mut lines = String::new();
+    let mut i = 0;
+    while i + 5 <= raw.len() {
+        let n = raw[i + 4] as usize;
+        let rec = &raw[i..(i + 5 + n).min(raw.len())];
+        lines.push_str("main_sdr_add 0x20");
+        for b in rec {
+            lines.push_str(&format!(" 0x{b:02x}"));
+        }
+        lines.push('\n');
+        i += 5 + n;
+    }
+    lines
+}
+
+impl IpmiSim {
+    /// Starts `ipmi_sim` with the shared `lan.conf` (users admin/password, monitor/monpass)
+    /// moved to free ports, and `emu` as its command file.
+    pub fn start(emu: &str) -> IpmiSim {
+        let dir = temp_dir();
+        let port = free_udp_port();
+        let console = free_port();
+        let lan =
+            std::fs::read_to_string(root().join("tests/fixtures/ipmi/lan.conf")).expect("lan.conf");
+        let lan = lan
+            .replace("addr 127.0.0.1 9001", &format!("addr 127.0.0.1 {port}"))
+            .replace(
+                "console 127.0.0.1 9000",
+                &format!("console 127.0.0.1 {console}"),
+            );
+        std::fs::write(dir.join("lan.conf"), lan).expect("lan.conf");
+        std::fs::write(dir.join("sim.emu"), emu).expect("emu");
+        std::fs::create_dir_all(dir.join("state")).expect("state");
+        let log = dir.join("ipmi_sim.log");
+        let mut child = Command::new("ipmi_sim")
+            .arg("-c")
+            .arg(dir.join("lan.conf"))
+            .arg("-f")
+            .arg(dir.join("sim.emu"))
+            .arg("-s")
+            .arg(dir.join("state"))
+            .arg("-n")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join("ipmi_sim.out")).expect("out"))
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start ipmi_sim");
+        // Up when its console shows its prompt (reading it first: a client that connects and
+        // leaves at once makes the simulator write to a closed socket and die of SIGPIPE).
+        let start = Instant::now();
+        loop {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", console)) {
+                s.set_read_timeout(Some(Duration::from_secs(2)))
+                    .expect("timeout");
+                let mut got = Vec::new();
+                let mut buf = [0u8; 256];
+                while !got.ends_with(b"> ") {
+                    match s.read(&mut buf) {
+                        Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                        _ => break,
+                    }
+                }
+                if got.ends_with(b"> ") {
+                    break;
+                }
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!(
+                    "ipmi_sim exited ({st}): {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "ipmi_sim console not answering"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        IpmiSim {
+            server: Server { child, port, log },
+            console,
+        }
+    }
+
+    /// Sends one command to the simulator's console and waits for the next prompt (closing
+    /// earlier would kill the simulator with SIGPIPE).
+    pub fn console(&self, command: &str) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.console)).expect("console");
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let read_prompt = |s: &mut TcpStream| {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            let start = Instant::now();
+            while !got.ends_with(b"> ") && start.elapsed() < Duration::from_secs(5) {
+                if let Ok(n) = s.read(&mut buf) {
+                    got.extend_from_slice(&buf[..n]);
+                }
+            }
+            String::from_utf8_lossy(&got).into_owned()
+        };
+        read_prompt(&mut s);
+        s.write_all(format!("{command}\n").as_bytes())
+            .expect("write");
+        let got = read_prompt(&mut s);
+        assert!(!got.contains("rror"), "console: {command}: {got}");
+    }
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
