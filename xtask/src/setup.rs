@@ -15,6 +15,9 @@ const PYTHON_PACKAGES: &[&str] = &[
     "nvidia-ml-py==13.615.71",
     "nvitop-exporter==1.7.2",
     "sushy-tools==2.2.0",
+    // What DMTF's Redfish-Mockup-Server (the benchmark's $expand-capable BMC) imports.
+    "requests==2.34.2",
+    "grequests==0.7.0",
 ];
 /// The LLVM that bpf-linker links against.
 const LLVM_BIN: &str = "/usr/lib/llvm-22/bin";
@@ -115,7 +118,8 @@ pub fn test_dependencies() -> Result<TestEnv> {
             .context("creating the Python venv")?;
     }
     let have = quiet_ok(Command::new(&python).args(["-c", "import pynvml, nvitop_exporter"]))
-        && venv.join("bin/sushy-static").exists();
+        && venv.join("bin/sushy-static").exists()
+        && quiet_ok(Command::new(&python).args(["-c", "import grequests"]));
     if !have {
         run(Command::new(&python)
             .args([

@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 
+mod bmc;
 mod ebpf;
 mod kmsg;
 mod otlp;
@@ -193,9 +194,11 @@ pub fn run(smoke: bool) -> Result<()> {
 
     let kmsg = kmsg::run(&bin, smoke, &dir)?;
     let ebpf = ebpf::run(&bin, smoke)?;
+    let bmc = bmc::run(&bin, smoke, &dir)?;
     let mut report = report(&results, window, smoke, profile);
     report.push_str(&kmsg_report(&kmsg));
     report.push_str(&ebpf::report(&ebpf));
+    report.push_str(&bmc::report(&bmc));
     print!("{report}");
     if !smoke {
         std::fs::write(root().join("BENCHMARKS.md"), report)?;

@@ -166,12 +166,17 @@ impl Walker {
             let q = format!("{path}?$expand=.($levels=1)");
             match self.client.get(&q).await {
                 Ok(v) => Some(v),
-                // Advertised but refused (or unsupported): plain GETs from now on.
+                // Refused: if the plain GET works, `$expand` is what the service cannot do
+                // (advertised or not): plain GETs from now on. A collection that is simply
+                // missing is no reason to stop expanding.
                 Err(Error::Status(..)) => {
-                    self.client
-                        .expand_failed
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                    self.get(path).await
+                    let plain = self.get(path).await;
+                    if plain.is_some() {
+                        self.client
+                            .expand_failed
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    plain
                 }
                 Err(e) => {
                     self.failure(path, e);
@@ -230,6 +235,10 @@ impl Walker {
         let Some(value) = doc.get("Reading").and_then(num) else {
             return;
         };
+        self.sensor_reading(url, doc, parent, gpu, value);
+    }
+
+    fn sensor_reading(&self, url: &str, doc: &Value, parent: &str, gpu: bool, value: f64) {
         let context = text(doc, "PhysicalContext");
         let Some((quantity, factor)) =
             bmc::normalise(text(doc, "ReadingType"), text(doc, "ReadingUnits"), context)
@@ -553,10 +562,8 @@ impl Walker {
     }
 
     async fn chassis(self: Arc<Self>, url: String, doc: Value) {
-        let before = {
-            let acc = lock(&self.acc);
-            acc.readings.len() + acc.excerpts.len()
-        };
+        // What the newer resources gave this chassis (legacy Thermal is read where nothing).
+        let mut found = 0usize;
         let (id, gpu) = lock(&self.acc)
             .chassis_ids
             .get(&url)
@@ -566,6 +573,7 @@ impl Walker {
         let subsystem = link(&doc, "ThermalSubsystem");
         if let Some(s) = &sensors {
             for (u, d) in self.member_docs(s, true).await {
+                found += 1;
                 self.sensor(&u, &d, &id, gpu);
             }
         }
@@ -586,6 +594,7 @@ impl Walker {
                     .into_iter()
                     .flatten()
                 {
+                    found += 1;
                     let name = text(e, "DeviceName")
                         .or_else(|| e.get("DataSourceUri").and_then(Value::as_str))
                         .unwrap_or("temperature")
@@ -605,6 +614,7 @@ impl Walker {
             for (key, kind) in [("Fans", 0), ("Pumps", 1), ("CoolantConnectors", 2)] {
                 if let Some(l) = link(&sub, key) {
                     for (u, d) in self.member_docs(&l, true).await {
+                        found += 1;
                         match kind {
                             0 => self.fan(&u, &d, &id),
                             1 => self.pump(&u, &d, &id),
@@ -625,11 +635,7 @@ impl Walker {
             self.environment(&env, &id, t, &name, None);
         }
         // Legacy Thermal where the newer resources gave nothing (absent, or linked but empty).
-        let got = {
-            let acc = lock(&self.acc);
-            acc.readings.len() + acc.excerpts.len()
-        };
-        if got == before
+        if found == 0
             && let Some(t) = link(&doc, "Thermal")
             && let Some(th) = self.get(&t).await
         {
