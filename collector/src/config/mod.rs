@@ -132,6 +132,8 @@ config_section! {
         pub state_dir: PathBuf = PathBuf::from("/var/lib/junction"),
         /// Where data comes from.
         pub sources: Sources = Sources::default(),
+        /// The per-GPU health verdict, its rules and the forecasts.
+        pub health: crate::sources::health::HealthConfig = Default::default(),
         /// Where data goes.
         pub sinks: Sinks = Sinks::default(),
     }
@@ -207,6 +209,7 @@ impl Config {
         self.sources.ebpf.validate("sources.ebpf", &mut out);
         self.sources.redfish.validate("sources.redfish", &mut out);
         self.sources.ipmi.validate("sources.ipmi", &mut out);
+        self.health.validate("health", &mut out);
         self.sinks.otlp.validate("sinks.otlp", &mut out);
         out
     }

@@ -169,7 +169,7 @@ pub struct GpuSlot {
 }
 
 impl GpuSlot {
-    fn new(info: GpuInfo) -> Self {
+    pub(crate) fn new(info: GpuInfo) -> Self {
         Self {
             info,
             groups: Group::ALL.iter().map(|_| Arc::new(Vec::new())).collect(),

@@ -123,7 +123,7 @@ registry! {
     Status = "hw.status", "1", UpDownCounter, ["hw.type", "hw.state"], Status,
         "derived (lost GPU, reset required, stuck NVML call)", "1 for the GPU's current state (ok, degraded, failed, predicted_failure), 0 for the others.";
     HealthReason = "gpu.health.reason", "{state}", Gauge, ["hw.type", "gpu.health.reason"], Status,
-        "derived", "1 for each reason the GPU is not ok: gpu_lost, reset_required (NVML_ERROR_RESET_REQUIRED), gpu_unreachable, nvml_call_stuck.";
+        "derived", "1 for each reason the GPU is not ok (docs/HEALTH.md lists them with their rules): gpu_lost, reset_required, xid_79, xid_fatal, ecc_uncorrectable, remap_pending, thermal_forecast, leak_detected, …";
     Utilization = "hw.gpu.utilization", "1", Gauge, ["hw.gpu.task"], Utilization,
         "nvmlDeviceGetUtilizationRates, nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization", "Fraction of time the GPU (general), encoder or decoder was busy.";
     MemoryUtilization = "hw.gpu.memory.utilization", "1", Gauge, [], Utilization,
@@ -292,6 +292,12 @@ registry! {
         "agent", "Requests made to a BMC target (HTTP requests; IPMI tool runs).";
     TargetPollFailures = "junction.target.poll.failures", "{poll}", Counter, ["junction.source", "junction.target", "error.type"], Status,
         "agent", "Polls of a BMC target that failed, by reason (timeout, auth, tls, connect, protocol).";
+    HealthAction = "gpu.health.action", "{state}", Gauge, ["gpu.health.action"], Status,
+        "derived (the health rules)", "1 for the one action the GPU's reasons call for: none, restart_app, reset_gpu, reboot_node, drain_and_service (see gpu.health.reason).";
+    TimeToThreshold = "gpu.temperature.time_to_threshold", "s", Gauge, ["hw.sensor_location"], Status,
+        "derived: a robust trend of hw.temperature against hw.temperature.limit (slowdown for the die, max_operating for the memory junction)", "Forecast time until the die or memory-junction temperature reaches its limit; present only while a steady rise toward it is seen (docs/HEALTH.md).";
+    CoolantTimeToThreshold = "cooling.coolant.time_to_threshold", "s", Gauge, ["hw.name", "junction.target", "cooling.coolant.point"], Status,
+        "derived: a robust trend of a BMC coolant supply temperature against its lowest upper threshold", "Forecast time until the coolant supply temperature reaches its upper threshold; present only while it rises steadily.";
     SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,
         "agent", "1 while a source is running and answering.";
     SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage"], Status,

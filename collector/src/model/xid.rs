@@ -137,9 +137,14 @@ pub struct Xids {
 /// The health-reason codes XIDs raise.
 const REASON_79: &str = "xid_79";
 const REASON_154: &str = "xid_154";
+/// A hardware XID NVIDIA's catalog calls fatal for the GPU (48, 74, 95, 119, 120, 140, …):
+/// failed, with the catalog's action, until the GPU is reset or the node reboots.
+const REASON_FATAL: &str = "xid_fatal";
 
 fn static_code(code: &str) -> Option<&'static str> {
-    [REASON_79, REASON_154].into_iter().find(|c| *c == code)
+    [REASON_79, REASON_154, REASON_FATAL]
+        .into_iter()
+        .find(|c| *c == code)
 }
 
 impl Model {
@@ -375,6 +380,7 @@ impl Model {
     /// Xid 79 fails the GPU until the node reboots; Xid 154 carries the recovery action the
     /// driver now asks for (none clears it).
     fn xid_health(&self, r: &Report, code: u32, id: &str) {
+        let mut fatal_detail = String::new();
         let held = match (code, r.recovery_action) {
             (79, _) => Some((
                 REASON_79,
@@ -410,9 +416,27 @@ impl Model {
                 "drain_and_service",
                 "Xid 154: the driver asks to drain peer-to-peer work (or recover the IMEX domain)",
             )),
+            (c, _) if xid_catalog::lookup(c).drain && c != 154 => {
+                let e = xid_catalog::lookup(c);
+                fatal_detail = format!(
+                    "Xid {c} ({}): {}; holds until the GPU is reset or the node reboots",
+                    e.mnemonic, e.description
+                );
+                Some((
+                    REASON_FATAL,
+                    HealthState::Failed,
+                    xid_catalog::health_action(e.action),
+                    "",
+                ))
+            }
             _ => None,
         };
         if let Some((reason, state, action, detail)) = held {
+            let detail = if detail.is_empty() {
+                fatal_detail.as_str()
+            } else {
+                detail
+            };
             self.raise(id, reason, state, action, detail);
             let mut i = lock(&self.xids.inner);
             let list = i.saved.reasons.entry(id.to_string()).or_default();
@@ -431,6 +455,19 @@ impl Model {
             }
             i.dirty = true;
         }
+    }
+
+    /// A GPU that was lost or needed a reset answers again (it was reset): the XID reasons
+    /// that hold until a reset clear.
+    pub fn gpu_recovered(&self, id: &str) {
+        for code in [REASON_FATAL, REASON_154] {
+            self.clear(id, code);
+        }
+        let mut i = lock(&self.xids.inner);
+        if let Some(list) = i.saved.reasons.get_mut(id) {
+            list.retain(|s| s.code != REASON_FATAL && s.code != REASON_154);
+        }
+        i.dirty = true;
     }
 
     /// Records an SXid (NVSwitch) event: counted per switch, code and severity; its companion

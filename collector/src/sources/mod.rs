@@ -3,6 +3,7 @@
 //! line in [`ALL`].
 
 pub mod ebpf;
+pub mod health;
 pub mod ipmi;
 pub mod kmsg;
 pub mod nvml;
@@ -17,4 +18,5 @@ pub const ALL: &[Component] = &[
     ebpf::COMPONENT,
     redfish::COMPONENT,
     ipmi::COMPONENT,
+    health::COMPONENT,
 ];

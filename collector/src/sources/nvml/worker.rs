@@ -560,6 +560,7 @@ fn wait_for_recovery(ctx: &mut Ctx<'_>, retry_max: Duration, shutdown: &Shutdown
                 for code in FAILURES {
                     ctx.model.clear(&ctx.uuid, code);
                 }
+                ctx.model.gpu_recovered(&ctx.uuid);
                 return true;
             }
             Err(e) => {

@@ -1,0 +1,383 @@
+//! GPU health: every signal Junction gathers turned into a per-GPU verdict (`hw.status`) with
+//! its reasons and one recommended action, and thermal forecasts.
+//!
+//! Every `interval_secs` it reads the model (NVML's samples, the XID counters, the BMC
+//! readings), applies the rules (`rules.rs`), and raises or clears reasons. A reason is raised
+//! as soon as its condition holds and cleared only once the condition has been absent for
+//! `clear_after_secs` (default one hour), so that a signal oscillating around a threshold
+//! changes a GPU's verdict at most once an hour. Reasons with a reset or reboot as their end
+//! (Xid 79, the fatal XIDs, `reset_required`) are held by the sources that raise them, across
+//! agent restarts. Forecasts (`forecast.rs`) need `persist` evaluations in a row under the
+//! horizon before they count.
+
+pub mod forecast;
+pub mod rules;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::agent::{Component, Ctx};
+use crate::config::{Config, Invalid, config_section};
+use crate::model::bmc::{Level, Quantity};
+use crate::model::{HealthState, Metric, Model, Sample};
+use forecast::{Params, Trend};
+use rules::{Finding, Rates, find, samples};
+
+config_section! {
+    /// `[health]`: the per-GPU verdict and the forecasts.
+    pub struct HealthConfig {
+        /// Evaluate the health rules and forecasts. Default: true.
+        pub enabled: bool = true,
+        /// Seconds between evaluations (also the forecasts' sampling period).
+        pub interval_secs: u64 = 10,
+        /// A reason clears once its condition has been absent this long (hysteresis).
+        pub clear_after_secs: u64 = 3600,
+        /// Seconds of history a temperature trend is fitted over.
+        pub forecast_window_secs: u64 = 600,
+        /// `predicted_failure` when a temperature is forecast to reach its limit within this
+        /// many seconds.
+        pub forecast_horizon_secs: u64 = 1200,
+        /// Evaluations in a row under the horizon before the forecast counts.
+        pub forecast_persist: u32 = 6,
+        /// Forecast only within this many °C of the limit.
+        pub forecast_gate_celsius: f64 = 25.0,
+        /// Corrected ECC errors per hour from which a rising rate is a reason (degraded at most).
+        pub ecc_rising_per_hour: f64 = 100.0,
+    }
+}
+
+impl HealthConfig {
+    /// Adds every problem with this section to `out`.
+    pub fn validate(&self, prefix: &str, out: &mut Vec<Invalid>) {
+        if self.interval_secs == 0 || self.forecast_window_secs < 3 * self.interval_secs {
+            out.push(Invalid {
+                key: format!("{prefix}.forecast_window_secs"),
+                message:
+                    "interval_secs must be at least 1 and forecast_window_secs at least 3 intervals"
+                        .into(),
+            });
+        }
+        if self.forecast_persist == 0 {
+            out.push(Invalid {
+                key: format!("{prefix}.forecast_persist"),
+                message: "must be at least 1".into(),
+            });
+        }
+    }
+}
+
+/// The health evaluator.
+pub const COMPONENT: Component = Component {
+    name: "health",
+    enabled: |c| c.health.enabled,
+    start: |c, ctx| Box::pin(async move { Ok(tokio::spawn(run(c, ctx))) }),
+    once: None,
+    inspect: None,
+};
+
+/// What the evaluator remembers about a GPU.
+#[derive(Default)]
+struct GpuState {
+    trends: BTreeMap<&'static str, Trend>,
+    streaks: BTreeMap<&'static str, u32>,
+    /// When each reason's condition last held.
+    last_true: BTreeMap<&'static str, Instant>,
+    thermal_violation: Option<f64>,
+    pcie: VecDeque<(Instant, f64)>,
+    ecc: VecDeque<(Instant, f64)>,
+    xids: BTreeMap<u32, (f64, Instant)>,
+    errors: BTreeMap<&'static str, u64>,
+}
+
+struct Evaluator {
+    cfg: HealthConfig,
+    params: Params,
+    start: Instant,
+    gpus: BTreeMap<String, GpuState>,
+    coolant: BTreeMap<String, (Trend, u32)>,
+}
+
+/// The forecast series: (location, limit type) of the NVML thresholds they aim at.
+const FORECASTS: [(&str, &str); 2] = [
+    ("gpu_die", "slowdown"),
+    ("memory_junction", "max_operating"),
+];
+
+impl Evaluator {
+    fn new(cfg: HealthConfig) -> Self {
+        let params = Params {
+            window_secs: cfg.forecast_window_secs as f64,
+            gate: cfg.forecast_gate_celsius,
+            ..Params::default()
+        };
+        Self {
+            cfg,
+            params,
+            start: Instant::now(),
+            gpus: BTreeMap::new(),
+            coolant: BTreeMap::new(),
+        }
+    }
+
+    fn evaluate(&mut self, model: &Model) {
+        let now = Instant::now();
+        let t = now.duration_since(self.start).as_secs_f64();
+        let mut out = Vec::new();
+        // Node-wide cooling: BMC readings past their thresholds, leaks, coolant forecasts.
+        let mut cooling: Vec<Finding> = Vec::new();
+        for (_, poll) in model.bmc_polls() {
+            for r in &poll.readings {
+                match r.quantity {
+                    Quantity::Flow | Quantity::Pressure | Quantity::CoolantTemperature
+                        if matches!(r.state, Some(Level::Warning | Level::Critical)) =>
+                    {
+                        cooling.push(Finding {
+                            code: "coolant_out_of_range",
+                            state: HealthState::Degraded,
+                            action: "none",
+                            detail: format!(
+                                "{} ({}) is past its threshold: {}",
+                                r.name, poll.target, r.value
+                            ),
+                        });
+                    }
+                    Quantity::Leak if (1.0..=2.0).contains(&r.value) => cooling.push(Finding {
+                        code: "leak_detected",
+                        state: HealthState::Failed,
+                        action: "drain_and_service",
+                        detail: format!(
+                            "leak detector {} ({}) reports a leak",
+                            r.name, poll.target
+                        ),
+                    }),
+                    _ => {}
+                }
+                // The coolant supply temperature against its upper threshold.
+                if r.quantity == Quantity::CoolantTemperature && r.point == Some("supply") {
+                    let limit = r
+                        .thresholds
+                        .iter()
+                        .filter(|(n, _)| n.starts_with("upper"))
+                        .map(|(_, v)| *v)
+                        .fold(f64::INFINITY, f64::min);
+                    if limit.is_finite() {
+                        let (trend, streak) = self.coolant.entry(r.id.clone()).or_default();
+                        trend.push(t, r.value, self.params.window_secs);
+                        if let Some(fc) = trend.forecast(limit, t, &self.params) {
+                            let mut s = Sample::new(Metric::CoolantTimeToThreshold, fc.eta_secs)
+                                .with("hw.id", r.id.clone())
+                                .with("hw.name", r.name.clone())
+                                .with("junction.target", poll.target.clone());
+                            s.attrs.push(("cooling.coolant.point", "supply".into()));
+                            out.push(s);
+                            *streak = if fc.eta_secs < self.cfg.forecast_horizon_secs as f64 {
+                                *streak + 1
+                            } else {
+                                0
+                            };
+                            if *streak >= self.cfg.forecast_persist {
+                                cooling.push(Finding {
+                                    code: "coolant_out_of_range",
+                                    state: HealthState::Degraded,
+                                    action: "none",
+                                    detail: format!(
+                                        "{} ({}) rising: reaches {limit} °C in about {:.0} min",
+                                        r.name,
+                                        poll.target,
+                                        fc.eta_secs / 60.0
+                                    ),
+                                });
+                            }
+                        } else {
+                            *streak = 0;
+                        }
+                    }
+                }
+            }
+        }
+        // XID counters per GPU.
+        let xid_counts: BTreeMap<(String, u32), f64> = crate::model::view::Snapshot::take(model)
+            .view()
+            .iter()
+            .filter(|(i, _)| *i == Metric::XidErrors as usize)
+            .flat_map(|(_, v)| v.iter())
+            .filter_map(|(_, s)| {
+                Some((
+                    (
+                        s.attr("hw.id")?.to_string(),
+                        s.attr("gpu.xid")?.parse().ok()?,
+                    ),
+                    s.value,
+                ))
+            })
+            .collect();
+        let hold = Duration::from_secs(self.cfg.clear_after_secs);
+        for slot in model.snapshot() {
+            let uuid = slot.info.uuid.clone();
+            let st = self.gpus.entry(uuid.clone()).or_default();
+            // Rates.
+            let mut rates = Rates::default();
+            let all = || samples(&slot);
+            if let Some(v) = find(
+                all(),
+                Metric::ViolationTime,
+                &[("gpu.violation.type", "thermal")],
+            ) {
+                rates.thermal_violation_rising = st.thermal_violation.is_some_and(|p| v > p);
+                st.thermal_violation = Some(v);
+            }
+            if let Some(n) = find(all(), Metric::PcieReplay, &[]) {
+                st.pcie.push_back((now, n));
+                while st
+                    .pcie
+                    .front()
+                    .is_some_and(|(t0, _)| now.duration_since(*t0) > Duration::from_secs(60))
+                {
+                    st.pcie.pop_front();
+                }
+                if let (Some(a), Some(b)) = (st.pcie.front(), st.pcie.back()) {
+                    let secs = b.0.duration_since(a.0).as_secs_f64();
+                    if secs >= 30.0 {
+                        rates.pcie_replays_per_min = Some((b.1 - a.1).max(0.0) * 60.0 / secs);
+                    }
+                }
+            }
+            if let Some(n) = find(
+                all(),
+                Metric::EccErrors,
+                &[("error.type", "corrected"), ("gpu.ecc.counter", "volatile")],
+            ) {
+                st.ecc.push_back((now, n));
+                while st
+                    .ecc
+                    .front()
+                    .is_some_and(|(t0, _)| now.duration_since(*t0) > Duration::from_secs(7200))
+                {
+                    st.ecc.pop_front();
+                }
+                let hour_ago = st
+                    .ecc
+                    .iter()
+                    .find(|(t0, _)| now.duration_since(*t0) <= Duration::from_secs(3600));
+                if let (Some(first), Some(mid), Some(last)) =
+                    (st.ecc.front(), hour_ago, st.ecc.back())
+                    && now.duration_since(first.0) >= Duration::from_secs(3000)
+                {
+                    rates.ecc_corrected_per_hour =
+                        Some(((last.1 - mid.1).max(0.0), (mid.1 - first.1).max(0.0)));
+                }
+            }
+            for ((id, code), n) in xid_counts.iter().filter(|((id, _), _)| *id == uuid) {
+                let _ = id;
+                let e = st.xids.entry(*code).or_insert((*n, now - hold * 2));
+                if *n > e.0 {
+                    e.1 = now;
+                }
+                e.0 = *n;
+            }
+            rates.xids = st
+                .xids
+                .iter()
+                .filter(|(_, (_, at))| now.duration_since(*at) < hold)
+                .map(|(c, _)| *c)
+                .collect();
+            // Reads that failed since the last evaluation (an unsupported feature is not
+            // counted there: it is disabled).
+            for (feature, n) in &slot.errors {
+                if st.errors.get(feature).is_some_and(|p| n > p) {
+                    rates.unreadable.push((*feature).to_string());
+                }
+                st.errors.insert(feature, *n);
+            }
+            let mut findings = rules::evaluate(&slot, &rates, self.cfg.ecc_rising_per_hour);
+            findings.extend(cooling.iter().cloned());
+            // Forecasts.
+            for (loc, limit_type) in FORECASTS {
+                let temp = find(all(), Metric::Temperature, &[("hw.sensor_location", loc)]);
+                let limit = find(
+                    all(),
+                    Metric::TemperatureLimit,
+                    &[("hw.sensor_location", loc), ("hw.limit_type", limit_type)],
+                );
+                let (Some(v), Some(limit)) = (temp, limit) else {
+                    continue;
+                };
+                let trend = st.trends.entry(loc).or_default();
+                trend.push(t, v, self.params.window_secs);
+                let streak = st.streaks.entry(loc).or_default();
+                match trend.forecast(limit, t, &self.params) {
+                    Some(fc) => {
+                        out.push(
+                            Sample::new(Metric::TimeToThreshold, fc.eta_secs)
+                                .with("hw.id", uuid.clone())
+                                .with("hw.sensor_location", loc),
+                        );
+                        *streak = if fc.eta_secs < self.cfg.forecast_horizon_secs as f64 {
+                            *streak + 1
+                        } else {
+                            0
+                        };
+                        if *streak >= self.cfg.forecast_persist {
+                            findings.push(Finding {
+                                code: "thermal_forecast",
+                                state: HealthState::PredictedFailure,
+                                action: "none",
+                                detail: format!(
+                                    "{} at {:.1} °C rising {:.2} °C/min: reaches its limit of {limit} °C in about {:.0} min",
+                                    loc.replace('_', " "),
+                                    fc.level,
+                                    fc.slope * 60.0,
+                                    fc.eta_secs / 60.0
+                                ),
+                            });
+                        }
+                    }
+                    None => *streak = 0,
+                }
+            }
+            // Raise what holds; clear what has not held for the hold time. (For a duplicated
+            // code, e.g. two coolant sensors, the first finding's detail is kept.)
+            let mut raised = std::collections::BTreeSet::new();
+            for fnd in findings {
+                st.last_true.insert(fnd.code, now);
+                if raised.insert(fnd.code) {
+                    model.raise(&uuid, fnd.code, fnd.state, fnd.action, fnd.detail);
+                }
+            }
+            for code in rules::CODES {
+                if raised.contains(code) {
+                    continue;
+                }
+                if let Some(last) = st.last_true.get(code)
+                    && now.duration_since(*last) >= hold
+                {
+                    model.clear(&uuid, code);
+                    st.last_true.remove(code);
+                }
+            }
+            // The action series: one per GPU.
+            let reasons = model.health.reasons(&uuid);
+            out.push(
+                Sample::new(Metric::HealthAction, 1.0)
+                    .with("hw.id", uuid.clone())
+                    .with("gpu.health.action", crate::model::health::action(&reasons)),
+            );
+        }
+        model.publish("health", "gpus", out);
+    }
+}
+
+async fn run(config: Arc<Config>, ctx: Ctx) {
+    let cfg = config.health.clone();
+    ctx.model.set_source_up("health", true);
+    let mut ev = Evaluator::new(cfg.clone());
+    let interval = Duration::from_secs(cfg.interval_secs.max(1));
+    loop {
+        ev.evaluate(&ctx.model);
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = ctx.shutdown.wait() => break,
+        }
+    }
+}

@@ -1,0 +1,570 @@
+//! The health rules: what a GPU's latest samples (and the node's cooling readings) say about
+//! it. Each rule gives a reason code, the state it puts the GPU in and the action it calls
+//! for. Where DCGM's health watches and GPUd agree, these agree (see the table test).
+//!
+//! | reason | when | state | action |
+//! |---|---|---|---|
+//! | `ecc_uncorrectable` | volatile uncorrected ECC errors > 0 | failed | reset_gpu |
+//! | `remap_failed` | a row remapping failed | failed | drain_and_service |
+//! | `remap_pending` | a row remapping waits for a reset | degraded | reboot_node |
+//! | `retired_pages_pending` | page retirement waits for a reboot | degraded | reset_gpu |
+//! | `retired_pages_excess` | ≥ 63 retired pages | failed | drain_and_service |
+//! | `recovery_action` | the driver asks for a reset, reboot or drain-and-reset / drain-P2P | failed / degraded | its action |
+//! | `temperature_over_slowdown` | die ≥ slowdown or memory junction ≥ its max | degraded | none |
+//! | `thermal_slowdown` | HW or SW thermal slowdown active, or thermal violation time rising | degraded | none |
+//! | `hw_slowdown` | HW slowdown or power brake active | degraded | none |
+//! | `pcie_replay_rate` | > 16 PCIe replays per minute | degraded | none |
+//! | `xid_contained` | Xid 94 (contained memory error) | degraded | restart_app |
+//! | `xid_retirement` | Xid 63 / 92 | degraded | none |
+//! | `ecc_correctable_rising` | corrected ECC errors rising ≥ `ecc_rising_per_hour` | degraded | none |
+//! | `signal_unreadable` | a health signal failed to read (not: unsupported) | degraded | none |
+//! | `coolant_out_of_range` | a BMC flow, pressure or coolant sensor past a threshold | degraded | none |
+//! | `leak_detected` | a BMC leak detector in warning or critical | failed | drain_and_service |
+//! | `thermal_forecast` | die or memory temperature forecast to reach its limit within the horizon | predicted_failure | none |
+//!
+//! The kernel-log and NVML sources raise their own: `gpu_lost`, `reset_required`,
+//! `gpu_unreachable`, `nvml_call_stuck`, `xid_79`, `xid_154`, `xid_fatal`.
+
+use crate::model::{GpuSlot, HealthState, Metric, Sample};
+
+/// One active condition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// Reason code.
+    pub code: &'static str,
+    /// State.
+    pub state: HealthState,
+    /// Action.
+    pub action: &'static str,
+    /// A sentence.
+    pub detail: String,
+}
+
+fn f(code: &'static str, state: HealthState, action: &'static str, detail: String) -> Finding {
+    Finding {
+        code,
+        state,
+        action,
+        detail,
+    }
+}
+
+/// Every reason code the rules can give (the health component clears those it raised).
+pub const CODES: &[&str] = &[
+    "ecc_uncorrectable",
+    "remap_failed",
+    "remap_pending",
+    "retired_pages_pending",
+    "retired_pages_excess",
+    "recovery_action",
+    "temperature_over_slowdown",
+    "thermal_slowdown",
+    "hw_slowdown",
+    "pcie_replay_rate",
+    "xid_contained",
+    "xid_retirement",
+    "ecc_correctable_rising",
+    "signal_unreadable",
+    "coolant_out_of_range",
+    "leak_detected",
+    "thermal_forecast",
+];
+
+/// The samples of a slot.
+pub fn samples(slot: &GpuSlot) -> impl Iterator<Item = &Sample> {
+    slot.groups.iter().flat_map(|g| g.iter())
+}
+
+/// The value of `metric` whose attributes include `attrs`.
+pub fn find<'a>(
+    mut it: impl Iterator<Item = &'a Sample>,
+    metric: Metric,
+    attrs: &[(&str, &str)],
+) -> Option<f64> {
+    it.find(|s| s.metric == metric && attrs.iter().all(|(k, v)| s.attr(k) == Some(v)))
+        .map(|s| s.value)
+}
+
+/// Rates the rules need, from the previous evaluation.
+#[derive(Debug, Clone, Default)]
+pub struct Rates {
+    /// Thermal violation time (s) rose since the last evaluation.
+    pub thermal_violation_rising: bool,
+    /// PCIe replays per minute.
+    pub pcie_replays_per_min: Option<f64>,
+    /// Corrected ECC errors per hour over the last hour, and over the hour before.
+    pub ecc_corrected_per_hour: Option<(f64, f64)>,
+    /// New Xid 94 / 63 / 92 occurrences in the hold period.
+    pub xids: Vec<u32>,
+    /// Features whose reads failed since the last evaluation.
+    pub unreadable: Vec<String>,
+}
+
+/// The rules over a GPU's latest samples.
+pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<Finding> {
+    use HealthState::{Degraded, Failed};
+    let s = || samples(slot);
+    let mut out = Vec::new();
+    let ecc = |ty: &str, scope: &str| {
+        find(
+            s(),
+            Metric::EccErrors,
+            &[("error.type", ty), ("gpu.ecc.counter", scope)],
+        )
+    };
+    if let Some(n) = ecc("uncorrected", "volatile").filter(|n| *n > 0.0) {
+        out.push(f(
+            "ecc_uncorrectable",
+            Failed,
+            "reset_gpu",
+            format!("{n} uncorrectable ECC errors since the driver loaded"),
+        ));
+    }
+    if find(s(), Metric::RemapFailure, &[]) == Some(1.0) {
+        out.push(f(
+            "remap_failed",
+            Failed,
+            "drain_and_service",
+            "a row remapping failed: the GPU needs inspection".into(),
+        ));
+    }
+    if find(s(), Metric::RemapPending, &[]) == Some(1.0) {
+        out.push(f(
+            "remap_pending",
+            Degraded,
+            "reboot_node",
+            "a row remapping is pending until the GPU is reset".into(),
+        ));
+    }
+    if find(s(), Metric::RetiredPending, &[]) == Some(1.0) {
+        out.push(f(
+            "retired_pages_pending",
+            Degraded,
+            "reset_gpu",
+            "pages wait to be retired at the next reset".into(),
+        ));
+    }
+    let retired: f64 = s()
+        .filter(|x| x.metric == Metric::RetiredPages)
+        .map(|x| x.value)
+        .sum();
+    if retired >= 63.0 {
+        out.push(f(
+            "retired_pages_excess",
+            Failed,
+            "drain_and_service",
+            format!("{retired} pages retired"),
+        ));
+    }
+    for (name, state, action) in [
+        ("gpu_reset", Failed, "reset_gpu"),
+        ("node_reboot", Failed, "reboot_node"),
+        ("drain_and_reset", Failed, "reset_gpu"),
+        ("drain_p2p", Degraded, "drain_and_service"),
+    ] {
+        if find(
+            s(),
+            Metric::RecoveryAction,
+            &[("gpu.recovery_action", name)],
+        ) == Some(1.0)
+        {
+            out.push(f(
+                "recovery_action",
+                state,
+                action,
+                format!("the driver's recovery action is {name}"),
+            ));
+        }
+    }
+    let temp = |loc: &str| find(s(), Metric::Temperature, &[("hw.sensor_location", loc)]);
+    let limit = |loc: &str, ty: &str| {
+        find(
+            s(),
+            Metric::TemperatureLimit,
+            &[("hw.sensor_location", loc), ("hw.limit_type", ty)],
+        )
+    };
+    if let (Some(t), Some(l)) = (temp("gpu_die"), limit("gpu_die", "slowdown"))
+        && t >= l
+    {
+        out.push(f(
+            "temperature_over_slowdown",
+            Degraded,
+            "none",
+            format!("die at {t} °C, slowdown at {l} °C"),
+        ));
+    } else if let (Some(t), Some(l)) = (
+        temp("memory_junction"),
+        limit("memory_junction", "max_operating"),
+    ) && t >= l
+    {
+        out.push(f(
+            "temperature_over_slowdown",
+            Degraded,
+            "none",
+            format!("memory junction at {t} °C, its maximum is {l} °C"),
+        ));
+    }
+    let event =
+        |r: &str| find(s(), Metric::ClockEvent, &[("gpu.clock.event.reason", r)]) == Some(1.0);
+    if event("hw_thermal_slowdown")
+        || event("sw_thermal_slowdown")
+        || rates.thermal_violation_rising
+    {
+        out.push(f(
+            "thermal_slowdown",
+            Degraded,
+            "none",
+            "clocks are held back by temperature".into(),
+        ));
+    }
+    if event("hw_slowdown") || event("hw_power_brake_slowdown") {
+        out.push(f(
+            "hw_slowdown",
+            Degraded,
+            "none",
+            "hardware slowdown (power brake or external signal) is active".into(),
+        ));
+    }
+    if let Some(r) = rates.pcie_replays_per_min.filter(|r| *r > 16.0) {
+        out.push(f(
+            "pcie_replay_rate",
+            Degraded,
+            "none",
+            format!("{r:.0} PCIe replays per minute"),
+        ));
+    }
+    if rates.xids.contains(&94) {
+        out.push(f(
+            "xid_contained",
+            Degraded,
+            "restart_app",
+            "Xid 94: a contained memory error; restart the application".into(),
+        ));
+    }
+    if rates.xids.iter().any(|x| *x == 63 || *x == 92) {
+        out.push(f(
+            "xid_retirement",
+            Degraded,
+            "none",
+            "Xid 63/92: memory retirement or a high single-bit error rate".into(),
+        ));
+    }
+    if let Some((now, before)) = rates.ecc_corrected_per_hour
+        && now >= ecc_rising_per_hour
+        && now > 2.0 * before
+    {
+        out.push(f(
+            "ecc_correctable_rising",
+            Degraded,
+            "none",
+            format!("{now:.0} corrected ECC errors in the last hour ({before:.0} the hour before)"),
+        ));
+    }
+    if !rates.unreadable.is_empty() {
+        out.push(f(
+            "signal_unreadable",
+            Degraded,
+            "none",
+            format!("cannot read: {}", rates.unreadable.join(", ")),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{GpuInfo, Group};
+
+    fn slot(samples: Vec<Sample>) -> GpuSlot {
+        let mut s = GpuSlot::new(GpuInfo::default());
+        s.groups[Group::Errors.index()] = Arc::new(samples);
+        s
+    }
+
+    fn codes(v: &[Finding]) -> Vec<(&'static str, HealthState, &'static str)> {
+        v.iter().map(|x| (x.code, x.state, x.action)).collect()
+    }
+
+    /// Rule by rule, what DCGM's health watches (PASS / WARN / FAIL) and GPUd (Healthy /
+    /// Degraded / Unhealthy, with its suggested action) decide, and what Junction decides.
+    #[test]
+    fn agrees_with_dcgm_and_gpud() {
+        use HealthState::{Degraded, Failed};
+        let ecc = |ty: &'static str, scope: &'static str, n: f64| {
+            Sample::new(Metric::EccErrors, n)
+                .with("error.type", ty)
+                .with("gpu.ecc.counter", scope)
+        };
+        let temp = |loc: &'static str, v: f64| {
+            Sample::new(Metric::Temperature, v).with("hw.sensor_location", loc)
+        };
+        let limit = |loc: &'static str, ty: &'static str, v: f64| {
+            Sample::new(Metric::TemperatureLimit, v)
+                .with("hw.sensor_location", loc)
+                .with("hw.limit_type", ty)
+        };
+        let recovery = |name: &'static str| {
+            [
+                "none",
+                "gpu_reset",
+                "node_reboot",
+                "drain_p2p",
+                "drain_and_reset",
+            ]
+            .map(|n| {
+                Sample::new(Metric::RecoveryAction, f64::from(u8::from(n == name)))
+                    .with("gpu.recovery_action", n)
+            })
+            .to_vec()
+        };
+        let clock = |r: &'static str| {
+            vec![Sample::new(Metric::ClockEvent, 1.0).with("gpu.clock.event.reason", r)]
+        };
+        // (case, DCGM, GPUd, samples, rates, Junction's verdict)
+        type Row = (
+            &'static str,
+            &'static str,
+            &'static str,
+            Vec<Sample>,
+            Rates,
+            Vec<(&'static str, HealthState, &'static str)>,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "volatile DBE",
+                "FAIL",
+                "-",
+                vec![ecc("uncorrected", "volatile", 1.0)],
+                Rates::default(),
+                vec![("ecc_uncorrectable", Failed, "reset_gpu")],
+            ),
+            (
+                "corrected ECC only",
+                "PASS",
+                "Healthy (counted, no verdict)",
+                vec![ecc("corrected", "volatile", 5000.0)],
+                Rates::default(),
+                vec![],
+            ),
+            (
+                "row remap failed",
+                "FAIL",
+                "Unhealthy, HARDWARE_INSPECTION",
+                vec![Sample::new(Metric::RemapFailure, 1.0)],
+                Rates::default(),
+                vec![("remap_failed", Failed, "drain_and_service")],
+            ),
+            (
+                "row remap pending",
+                "-",
+                "Unhealthy, REBOOT_SYSTEM",
+                vec![Sample::new(Metric::RemapPending, 1.0)],
+                Rates::default(),
+                vec![("remap_pending", Degraded, "reboot_node")],
+            ),
+            (
+                "retirement pending",
+                "WARN",
+                "-",
+                vec![Sample::new(Metric::RetiredPending, 1.0)],
+                Rates::default(),
+                vec![("retired_pages_pending", Degraded, "reset_gpu")],
+            ),
+            (
+                "63 retired pages",
+                "FAIL",
+                "-",
+                vec![
+                    Sample::new(Metric::RetiredPages, 40.0),
+                    Sample::new(Metric::RetiredPages, 23.0),
+                ],
+                Rates::default(),
+                vec![("retired_pages_excess", Failed, "drain_and_service")],
+            ),
+            (
+                "recovery action reset",
+                "FAIL",
+                "-",
+                recovery("gpu_reset"),
+                Rates::default(),
+                vec![("recovery_action", Failed, "reset_gpu")],
+            ),
+            (
+                "recovery action reboot",
+                "FAIL",
+                "Unhealthy, REBOOT_SYSTEM",
+                recovery("node_reboot"),
+                Rates::default(),
+                vec![("recovery_action", Failed, "reboot_node")],
+            ),
+            (
+                "recovery action drain and reset",
+                "FAIL",
+                "-",
+                recovery("drain_and_reset"),
+                Rates::default(),
+                vec![("recovery_action", Failed, "reset_gpu")],
+            ),
+            (
+                "recovery action drain P2P",
+                "WARN",
+                "-",
+                recovery("drain_p2p"),
+                Rates::default(),
+                vec![("recovery_action", Degraded, "drain_and_service")],
+            ),
+            (
+                "recovery action none",
+                "PASS",
+                "Healthy",
+                recovery("none"),
+                Rates::default(),
+                vec![],
+            ),
+            (
+                "thermal violation rising",
+                "WARN",
+                "-",
+                vec![],
+                Rates {
+                    thermal_violation_rising: true,
+                    ..Rates::default()
+                },
+                vec![("thermal_slowdown", Degraded, "none")],
+            ),
+            (
+                "HW thermal slowdown",
+                "WARN",
+                "Unhealthy at ≥ 0.6/min",
+                clock("hw_thermal_slowdown"),
+                Rates::default(),
+                vec![("thermal_slowdown", Degraded, "none")],
+            ),
+            (
+                "HW slowdown",
+                "-",
+                "Unhealthy at ≥ 0.6/min",
+                clock("hw_slowdown"),
+                Rates::default(),
+                vec![("hw_slowdown", Degraded, "none")],
+            ),
+            (
+                "die over slowdown",
+                "-",
+                "Degraded (GPU_MAX)",
+                vec![temp("gpu_die", 91.0), limit("gpu_die", "slowdown", 90.0)],
+                Rates::default(),
+                vec![("temperature_over_slowdown", Degraded, "none")],
+            ),
+            (
+                "HBM over its maximum",
+                "-",
+                "Degraded (MEM_MAX)",
+                vec![
+                    temp("memory_junction", 96.0),
+                    limit("memory_junction", "max_operating", 95.0),
+                ],
+                Rates::default(),
+                vec![("temperature_over_slowdown", Degraded, "none")],
+            ),
+            (
+                "HBM under its maximum",
+                "PASS",
+                "Healthy",
+                vec![
+                    temp("memory_junction", 90.0),
+                    limit("memory_junction", "max_operating", 95.0),
+                ],
+                Rates::default(),
+                vec![],
+            ),
+            (
+                "PCIe replays 20/min (Gen4 x16 limit 16)",
+                "WARN",
+                "-",
+                vec![],
+                Rates {
+                    pcie_replays_per_min: Some(20.0),
+                    ..Rates::default()
+                },
+                vec![("pcie_replay_rate", Degraded, "none")],
+            ),
+            (
+                "PCIe replays 10/min",
+                "PASS",
+                "-",
+                vec![],
+                Rates {
+                    pcie_replays_per_min: Some(10.0),
+                    ..Rates::default()
+                },
+                vec![],
+            ),
+            (
+                "Xid 94",
+                "WARN",
+                "-",
+                vec![],
+                Rates {
+                    xids: vec![94],
+                    ..Rates::default()
+                },
+                vec![("xid_contained", Degraded, "restart_app")],
+            ),
+            (
+                "Xid 63",
+                "WARN",
+                "-",
+                vec![],
+                Rates {
+                    xids: vec![63],
+                    ..Rates::default()
+                },
+                vec![("xid_retirement", Degraded, "none")],
+            ),
+            (
+                "corrected ECC rising",
+                "WARN (placeholder rate)",
+                "Healthy (no verdict)",
+                vec![],
+                Rates {
+                    ecc_corrected_per_hour: Some((500.0, 20.0)),
+                    ..Rates::default()
+                },
+                vec![("ecc_correctable_rising", Degraded, "none")],
+            ),
+            (
+                "a signal that cannot be read",
+                "-",
+                "-",
+                vec![],
+                Rates {
+                    unreadable: vec!["ecc_uncorrected_volatile".into()],
+                    ..Rates::default()
+                },
+                vec![("signal_unreadable", Degraded, "none")],
+            ),
+        ];
+        for (case, dcgm, gpud, samples, rates, want) in rows {
+            let got = codes(&evaluate(&slot(samples), &rates, 100.0));
+            assert_eq!(got, want, "{case} (DCGM {dcgm}, GPUd {gpud})");
+            // Where DCGM fails a GPU, Junction fails it; where DCGM warns, Junction degrades.
+            let worst = got.iter().map(|x| x.1).max_by_key(|s| match s {
+                HealthState::Ok => 0,
+                HealthState::Degraded => 1,
+                HealthState::PredictedFailure => 2,
+                HealthState::Failed => 3,
+            });
+            match dcgm {
+                "FAIL" => assert_eq!(worst, Some(Failed), "{case}"),
+                d if d.starts_with("WARN") => assert_eq!(worst, Some(Degraded), "{case}"),
+                "PASS" => assert_eq!(worst, None, "{case}"),
+                _ => {}
+            }
+        }
+    }
+}
