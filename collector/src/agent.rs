@@ -50,4 +50,7 @@ pub struct Component {
     pub once: Option<Once>,
     /// A status check for `junction inventory` (components whose state is not data).
     pub inspect: Option<Inspect>,
+    /// A stage that derives from what the others collected (the health rules): run after the
+    /// one collection of `junction once` / `inventory`, not counted as one.
+    pub derive: Option<Inspect>,
 }

@@ -7,6 +7,7 @@ mod bmc;
 mod config_errors;
 mod ebpf;
 mod faults;
+mod health;
 mod kmsg;
 mod otlp;
 mod quirks;

@@ -141,6 +141,11 @@ fn collect_once(config: Config, inspect: bool) -> anyhow::Result<Arc<Model>> {
                 failures.push(format!("{} source failed: {e:#}", source.name));
             }
         }
+        for c in sources::ALL.iter().filter(|s| (s.enabled)(&config)) {
+            if let Some(derive) = c.derive {
+                derive(config.clone(), model.clone()).await;
+            }
+        }
         if inspect {
             for c in sources::ALL.iter().chain(sinks::ALL) {
                 if let Some(check) = c.inspect {

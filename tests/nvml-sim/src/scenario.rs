@@ -203,6 +203,17 @@ pub enum ValueSpec {
     Ramp(Ramp),
     Step(Step),
     Sine(Sine),
+    Approach(Approach),
+}
+
+/// An exponential approach from `start` to `target` with time constant `tau_secs` (a load
+/// step settling: how a temperature reaches its plateau).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Approach {
+    pub start: f64,
+    pub target: f64,
+    pub tau_secs: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -248,6 +259,9 @@ impl ValueSpec {
                 } else {
                     s.after
                 }
+            }
+            ValueSpec::Approach(a) => {
+                a.target - (a.target - a.start) * (-t / a.tau_secs.max(1e-9)).exp()
             }
             ValueSpec::Sine(s) => {
                 let period = if s.period_secs > 0.0 {

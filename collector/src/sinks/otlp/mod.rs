@@ -173,6 +173,7 @@ pub const COMPONENT: Component = Component {
     start: |c, ctx| Box::pin(start(c, ctx)),
     once: None,
     inspect: None,
+    derive: None,
 };
 
 /// Resolves the settings (a bad `OTEL_*` variable fails the start, naming it), builds the

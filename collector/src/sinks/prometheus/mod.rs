@@ -41,6 +41,7 @@ pub const COMPONENT: Component = Component {
     },
     once: None,
     inspect: None,
+    derive: None,
 };
 
 /// Renders the whole model as Prometheus text.

@@ -118,6 +118,7 @@ pub const COMPONENT: Component = Component {
             let _ = tokio::task::spawn_blocking(move || check(&c.sources.ebpf, &model)).await;
         })
     }),
+    derive: None,
 };
 
 fn params(c: &EbpfConfig) -> loader::Params {

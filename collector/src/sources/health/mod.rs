@@ -74,6 +74,13 @@ pub const COMPONENT: Component = Component {
     start: |c, ctx| Box::pin(async move { Ok(tokio::spawn(run(c, ctx))) }),
     once: None,
     inspect: None,
+    // After the sources' one collection: the rules once.
+    derive: Some(|c, model| {
+        Box::pin(async move {
+            let mut ev = Evaluator::new(c.health.clone());
+            ev.evaluate(&model);
+        })
+    }),
 };
 
 /// What the evaluator remembers about a GPU.

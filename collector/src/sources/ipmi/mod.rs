@@ -127,6 +127,7 @@ pub const COMPONENT: AgentComponent = AgentComponent {
     start: |c, ctx| Box::pin(start(c, ctx)),
     once: Some(|c, model| Box::pin(once(c, model))),
     inspect: None,
+    derive: None,
 };
 
 /// Why a read failed.

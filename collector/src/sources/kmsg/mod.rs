@@ -83,6 +83,7 @@ pub const COMPONENT: Component = Component {
     start: |c, ctx| Box::pin(start(c, ctx)),
     once: None,
     inspect: None,
+    derive: None,
 };
 
 /// What one input (the device, or the files) counts and how it hands lines on.

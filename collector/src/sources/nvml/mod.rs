@@ -218,6 +218,7 @@ pub const COMPONENT: Component = Component {
         })
     }),
     inspect: None,
+    derive: None,
 };
 
 /// Builds the source off the async workers (a hung `nvmlInit` must neither hide `/metrics`

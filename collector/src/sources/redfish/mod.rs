@@ -160,6 +160,7 @@ pub const COMPONENT: Component = Component {
     start: |c, ctx| Box::pin(start(c, ctx)),
     once: Some(|c, model| Box::pin(once(c, model))),
     inspect: None,
+    derive: None,
 };
 
 /// Per-target counters.
