@@ -30,7 +30,7 @@ fn skip(why: &str) -> bool {
 }
 
 /// Whether the privileged tests can run here.
-fn cannot_run() -> bool {
+pub(crate) fn cannot_run() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return skip("not root: loading BPF programs needs CAP_BPF and CAP_PERFMON");
@@ -107,15 +107,15 @@ fn raw_uuid(uuid: &str) -> [u8; 16] {
     out
 }
 
-struct Workload {
+pub(crate) struct Workload {
     child: Child,
-    pid: u32,
+    pub(crate) pid: u32,
     container: String,
 }
 
 /// Starts the workload: `mode` is "basic", "threads" or "short"; it prints [`READY`] once its
 /// ioctls are issued and (except "short") exits when its stdin closes.
-fn spawn_workload(mode: &str, uuid: &str, tag: u32) -> Workload {
+pub(crate) fn spawn_workload(mode: &str, uuid: &str, tag: u32) -> Workload {
     let (container, cgroup) = container_cgroup(tag);
     let mut child = Command::new(workload_exe())
         .args([
@@ -161,7 +161,7 @@ fn spawn_workload(mode: &str, uuid: &str, tag: u32) -> Workload {
 }
 
 impl Workload {
-    fn finish(mut self) {
+    pub(crate) fn finish(mut self) {
         drop(self.child.stdin.take());
         let status = self.child.wait().expect("wait workload");
         assert!(status.success(), "workload failed: {status}");

@@ -11,4 +11,5 @@ mod health;
 mod kmsg;
 mod otlp;
 mod quirks;
+mod rules;
 mod values;

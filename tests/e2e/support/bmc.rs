@@ -188,6 +188,70 @@ impl Drop for BadBmc {
     }
 }
 
+/// A Redfish service on loopback whose resources a closure computes from the path and the
+/// seconds since start (readings that change over time; sushy-static serves only files).
+pub struct DynamicBmc {
+    pub port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+type Resource = dyn Fn(&str, f64) -> Option<serde_json::Value> + Send + Sync;
+
+impl DynamicBmc {
+    pub fn start(
+        resource: impl Fn(&str, f64) -> Option<serde_json::Value> + Send + Sync + 'static,
+    ) -> DynamicBmc {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let resource: Arc<Resource> = Arc::new(resource);
+        let started = Instant::now();
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let Ok((mut stream, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let resource = resource.clone();
+                std::thread::spawn(move || {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    // One request per connection (HTTP/1.0 style, `Connection: close`).
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&buf).into_owned();
+                    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+                    let path = path.split('?').next().unwrap_or("/").trim_end_matches('/');
+                    let (status, body) = match resource(path, started.elapsed().as_secs_f64()) {
+                        Some(v) => ("200 OK", v.to_string()),
+                        None => ("404 Not Found", "{}".to_string()),
+                    };
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                });
+            }
+        });
+        DynamicBmc { port, stop }
+    }
+}
+
+impl Drop for DynamicBmc {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 /// OpenIPMI's `ipmi_sim` on a free UDP port, with a console on a free TCP port.
 pub struct IpmiSim {
     pub server: Server,

@@ -149,19 +149,34 @@ impl Evaluator {
                             ),
                         });
                     }
-                    Quantity::Leak if (1.0..=2.0).contains(&r.value) => cooling.push(Finding {
-                        code: "leak_detected",
-                        state: HealthState::Failed,
-                        action: "drain_and_service",
-                        detail: format!(
-                            "leak detector {} ({}) reports a leak",
-                            r.name, poll.target
-                        ),
-                    }),
+                    // A leak detector's warning degrades the node's GPUs; critical fails them.
+                    Quantity::Leak if (1.0..=2.0).contains(&r.value) => {
+                        let critical = r.value >= 2.0;
+                        cooling.push(Finding {
+                            code: "leak_detected",
+                            state: if critical {
+                                HealthState::Failed
+                            } else {
+                                HealthState::Degraded
+                            },
+                            action: "drain_and_service",
+                            detail: format!(
+                                "leak detector {} ({}) reports {}",
+                                r.name,
+                                poll.target,
+                                if critical { "a leak" } else { "a warning" }
+                            ),
+                        });
+                    }
                     _ => {}
                 }
-                // The coolant supply temperature against its upper threshold.
-                if r.quantity == Quantity::CoolantTemperature && r.point == Some("supply") {
+                // The coolant supply temperature against its upper threshold (a connector's
+                // supply, or a sensor at the liquid inlet).
+                let supply = (r.quantity == Quantity::CoolantTemperature
+                    && r.point == Some("supply"))
+                    || (r.quantity == Quantity::Temperature
+                        && r.location.as_deref() == Some("liquid_inlet"));
+                if supply {
                     let limit = r
                         .thresholds
                         .iter()

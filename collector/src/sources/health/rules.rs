@@ -19,7 +19,7 @@
 //! | `ecc_correctable_rising` | corrected ECC errors rising ≥ `ecc_rising_per_hour` | degraded | none |
 //! | `signal_unreadable` | a health signal failed to read (not: unsupported) | degraded | none |
 //! | `coolant_out_of_range` | a BMC flow, pressure or coolant sensor past a threshold | degraded | none |
-//! | `leak_detected` | a BMC leak detector in warning or critical | failed | drain_and_service |
+//! | `leak_detected` | a BMC leak detector in warning / critical | degraded / failed | drain_and_service |
 //! | `thermal_forecast` | die or memory temperature forecast to reach its limit within the horizon | predicted_failure | none |
 //!
 //! The kernel-log and NVML sources raise their own: `gpu_lost`, `reset_required`,

@@ -484,11 +484,21 @@ fn workdir(t: &IpmiTarget) -> Result<Workdir, String> {
     Workdir::new(t, password.as_deref())
 }
 
-async fn run_target(t: IpmiTarget, model: Arc<Model>, shutdown: Shutdown) {
+/// Which targets answered their last read: the source is up while any does.
+type TargetsUp = Arc<std::sync::Mutex<std::collections::BTreeMap<String, bool>>>;
+
+fn target_result(model: &Model, up: &TargetsUp, name: &str, ok: bool) {
+    let mut m = crate::model::lock(up);
+    m.insert(name.to_string(), ok);
+    model.set_source_up("ipmi", m.values().any(|v| *v));
+}
+
+async fn run_target(t: IpmiTarget, model: Arc<Model>, shutdown: Shutdown, up: TargetsUp) {
     let name = t.display_name();
     let w = match workdir(&t) {
         Ok(w) => w,
         Err(e) => {
+            target_result(&model, &up, &name, false);
             tracing::error!(target = %name, error = %e, "IPMI target not read");
             model.publish(
                 "ipmi",
@@ -508,7 +518,7 @@ async fn run_target(t: IpmiTarget, model: Arc<Model>, shutdown: Shutdown) {
     loop {
         let started = tokio::time::Instant::now();
         tokio::select! {
-            _ = poll_once(&t, &w, &model, &mut stats, &mut last_error) => {}
+            ok = poll_once(&t, &w, &model, &mut stats, &mut last_error) => target_result(&model, &up, &name, ok),
             _ = shutdown.wait() => break,
         }
         tokio::select! {
@@ -520,14 +530,15 @@ async fn run_target(t: IpmiTarget, model: Arc<Model>, shutdown: Shutdown) {
 
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let targets = config.sources.ipmi.targets.clone();
-    ctx.model.set_source_up("ipmi", true);
     tracing::info!(targets = targets.len(), "reading IPMI targets");
+    let up = TargetsUp::default();
     let mut handles = Vec::new();
     for t in targets {
         handles.push(tokio::spawn(run_target(
             t,
             ctx.model.clone(),
             ctx.shutdown.clone(),
+            up.clone(),
         )));
     }
     Ok(tokio::spawn(async move {

@@ -243,11 +243,21 @@ fn client_for(t: &RedfishTarget) -> Result<Arc<Client>, String> {
     Client::new(t, password).map(Arc::new)
 }
 
-async fn run_target(t: RedfishTarget, model: Arc<Model>, shutdown: Shutdown) {
+/// Which targets answered their last poll: the source is up while any does.
+type TargetsUp = Arc<std::sync::Mutex<std::collections::BTreeMap<String, bool>>>;
+
+fn target_result(model: &Model, up: &TargetsUp, name: &str, ok: bool) {
+    let mut m = crate::model::lock(up);
+    m.insert(name.to_string(), ok);
+    model.set_source_up("redfish", m.values().any(|v| *v));
+}
+
+async fn run_target(t: RedfishTarget, model: Arc<Model>, shutdown: Shutdown, up: TargetsUp) {
     let name = t.display_name();
     let client = match client_for(&t) {
         Ok(c) => c,
         Err(e) => {
+            target_result(&model, &up, &name, false);
             tracing::error!(target = %name, error = %e, "Redfish target not polled");
             model.publish(
                 "redfish",
@@ -269,7 +279,7 @@ async fn run_target(t: RedfishTarget, model: Arc<Model>, shutdown: Shutdown) {
         // One poll at a time: the next starts when this one is over and the interval has
         // passed since it started.
         tokio::select! {
-            _ = poll_once(&t, &client, &model, &mut stats, &mut last_error) => {}
+            ok = poll_once(&t, &client, &model, &mut stats, &mut last_error) => target_result(&model, &up, &name, ok),
             _ = shutdown.wait() => break,
         }
         tokio::select! {
@@ -282,14 +292,15 @@ async fn run_target(t: RedfishTarget, model: Arc<Model>, shutdown: Shutdown) {
 
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let targets = config.sources.redfish.targets.clone();
-    ctx.model.set_source_up("redfish", true);
     tracing::info!(targets = targets.len(), "polling Redfish targets");
+    let up = TargetsUp::default();
     let mut handles = Vec::new();
     for t in targets {
         handles.push(tokio::spawn(run_target(
             t,
             ctx.model.clone(),
             ctx.shutdown.clone(),
+            up.clone(),
         )));
     }
     Ok(tokio::spawn(async move {

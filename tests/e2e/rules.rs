@@ -1,0 +1,522 @@
+//! The alert rules and dashboards: `promtool check rules` and `promtool test rules`; every
+//! metric they name is in the registry; every dashboard is importable; and against a real
+//! Prometheus (Debian's) scraping Junction on a simulated faulty node, every rule expression
+//! and every dashboard query returns data — those that need a GPU to disappear or Junction to
+//! stop, once that has been done.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::bmc::DynamicBmc;
+use crate::support::{self, Agent};
+
+fn config_dir() -> PathBuf {
+    support::root().join("config")
+}
+
+fn promtool() -> Option<PathBuf> {
+    support::require_tool("promtool", None)
+}
+
+/// Every PromQL expression of the rules (recording and alerting), by name.
+fn rule_exprs() -> Vec<(String, String)> {
+    let text =
+        std::fs::read_to_string(config_dir().join("prometheus/junction-rules.yml")).expect("rules");
+    // The rules file is YAML; its `expr:` values are plain or `|` blocks.
+    let mut out = Vec::new();
+    let mut name = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(l) = lines.next() {
+        let t = l.trim_start();
+        if let Some(n) = t
+            .strip_prefix("- alert: ")
+            .or_else(|| t.strip_prefix("- record: "))
+        {
+            name = n.trim().to_string();
+        } else if let Some(e) = t.strip_prefix("expr: ") {
+            let indent = l.len() - t.len();
+            let expr = if e.trim() == "|" {
+                let mut block = Vec::new();
+                while let Some(n) = lines.peek() {
+                    if n.trim().is_empty() || n.len() - n.trim_start().len() <= indent {
+                        break;
+                    }
+                    block.push(n.trim().to_string());
+                    lines.next();
+                }
+                block.join(" ")
+            } else {
+                e.trim().to_string()
+            };
+            out.push((name.clone(), expr));
+        }
+    }
+    out
+}
+
+/// Every dashboard target's expression with Grafana's variables filled in, by dashboard and
+/// panel.
+fn dashboard_exprs() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for d in dashboards() {
+        let (file, doc) = d;
+        for p in doc["panels"].as_array().into_iter().flatten() {
+            for t in p["targets"].as_array().into_iter().flatten() {
+                let e = t["expr"].as_str().expect("expr");
+                let e = e
+                    .replace("$__rate_interval", "1m")
+                    .replace("$__interval", "15s")
+                    .replace("$cluster", ".*")
+                    .replace("$node", ".*")
+                    .replace("$gpu", ".*");
+                out.push((format!("{file}: {}", p["title"].as_str().unwrap_or("")), e));
+            }
+        }
+    }
+    out
+}
+
+fn dashboards() -> Vec<(String, Value)> {
+    let mut v: Vec<(String, Value)> = std::fs::read_dir(config_dir().join("grafana"))
+        .expect("grafana dir")
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).expect("read");
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                serde_json::from_str(&text).unwrap_or_else(|err| panic!("{:?}: {err}", e.path())),
+            )
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// Metric names an expression uses: what is left after removing strings, label matchers,
+/// ranges and `by`/`on`/`without`/`ignoring` lists, that is not a function, keyword or number.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    // Drop "...", {...} and [...].
+    let mut flat = String::new();
+    let (mut depth_brace, mut depth_bracket, mut in_str) = (0, 0, false);
+    for c in expr.chars() {
+        match c {
+            '"' if depth_brace == 0 => in_str = !in_str,
+            _ if in_str => {}
+            '{' => depth_brace += 1,
+            '}' => depth_brace -= 1,
+            '[' => depth_bracket += 1,
+            ']' => depth_bracket -= 1,
+            _ if depth_brace > 0 || depth_bracket > 0 => {}
+            c => flat.push(c),
+        }
+        if c == '}' || c == ']' {
+            flat.push(' ');
+        }
+    }
+    // Drop label lists after by / on / without / ignoring / group_left / group_right.
+    let mut out = String::new();
+    let mut rest = flat.as_str();
+    while let Some(pos) = [
+        "by",
+        "on",
+        "without",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ]
+    .iter()
+    .filter_map(|k| {
+        let mut from = 0;
+        while let Some(p) = rest[from..].find(k) {
+            let at = from + p;
+            let before = rest[..at].chars().last();
+            let after = rest[at + k.len()..].trim_start().chars().next();
+            if before.is_none_or(|b| !b.is_ascii_alphanumeric() && b != '_') && after == Some('(') {
+                return Some((at, k.len()));
+            }
+            from = at + k.len();
+        }
+        None
+    })
+    .min()
+    {
+        out.push_str(&rest[..pos.0]);
+        let after = &rest[pos.0 + pos.1..];
+        let close = after.find(')').map_or(after.len(), |c| c + 1);
+        rest = &after[close..];
+    }
+    out.push_str(rest);
+    let mut names = BTreeSet::new();
+    let chars: Vec<char> = out.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i].is_ascii_alphabetic() || chars[i] == '_' || chars[i] == ':' {
+            let start = i;
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+            {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            let next = chars[i..].iter().find(|c| !c.is_whitespace()).copied();
+            let keyword = ["and", "or", "unless", "offset", "bool", "humanizeDuration"]
+                .contains(&word.as_str());
+            if next != Some('(') && !keyword && (word.contains('_') || word == "up") {
+                names.insert(word);
+            }
+            continue;
+        }
+        i += 1;
+    }
+    names
+}
+
+#[test]
+fn rules_pass_promtool_and_every_metric_they_and_the_dashboards_name_exists() {
+    let Some(promtool) = promtool() else {
+        return;
+    };
+    let dir = config_dir().join("prometheus");
+    for args in [
+        vec!["check", "rules", "junction-rules.yml"],
+        vec!["test", "rules", "junction-rules.test.yml"],
+    ] {
+        let out = support::output(Command::new(&promtool).current_dir(&dir).args(&args));
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The registry's Prometheus names (METRICS.md is generated from it and checked against it).
+    let metrics = std::fs::read_to_string(support::root().join("METRICS.md")).expect("METRICS.md");
+    let known: BTreeSet<String> = metrics
+        .lines()
+        .filter_map(|l| l.split('|').nth(2))
+        .map(|c| c.trim().trim_matches('`').to_string())
+        .filter(|c| !c.is_empty())
+        .collect();
+    let records: BTreeSet<String> = rule_exprs()
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.contains(':'))
+        .collect();
+    let mut unknown = Vec::new();
+    for (what, e) in rule_exprs().into_iter().chain(dashboard_exprs()) {
+        for m in metric_names(&e) {
+            // Label names used in selectors are inside braces; `up` is Prometheus' own.
+            if !known.contains(&m) && !records.contains(&m) && m != "up" {
+                unknown.push(format!("{what}: {m}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "not in the registry:\n{}",
+        unknown.join("\n")
+    );
+    // Every dashboard is importable: uid, title, schema version, the datasource variable, and
+    // no hard-coded datasource.
+    let ds = json!({"type": "prometheus", "uid": "${datasource}"});
+    for (file, d) in dashboards() {
+        for key in ["uid", "title", "schemaVersion", "panels", "templating"] {
+            assert!(!d[key].is_null(), "{file}: {key}");
+        }
+        let vars: Vec<&str> = d["templating"]["list"]
+            .as_array()
+            .expect("vars")
+            .iter()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        for v in ["datasource", "cluster", "node"] {
+            assert!(vars.contains(&v), "{file}: variable {v}");
+        }
+        for p in d["panels"]
+            .as_array()
+            .expect("panels")
+            .iter()
+            .filter(|p| p["type"] != "row")
+        {
+            assert_eq!(p["datasource"], ds, "{file}: {}", p["title"]);
+            for t in p["targets"].as_array().expect("targets") {
+                assert_eq!(t["datasource"], ds, "{file}: {}", p["title"]);
+            }
+        }
+    }
+}
+
+struct Prometheus {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_prometheus(target_port: u16) -> Option<Prometheus> {
+    let bin = support::require_tool("prometheus", None)?;
+    let dir = support::temp_dir();
+    let port = support::free_port();
+    std::fs::copy(
+        config_dir().join("prometheus/junction-rules.yml"),
+        dir.join("junction-rules.yml"),
+    )
+    .expect("rules");
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [junction-rules.yml]\nscrape_configs:\n  - job_name: junction\n    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n"
+        ),
+    )
+    .expect("config");
+    let child = Command::new(bin)
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log")).expect("log"))
+        .spawn()
+        .expect("start prometheus");
+    Some(Prometheus { child, port })
+}
+
+/// Runs an instant query; the number of series it returns (`None` on an error).
+fn query(prom: &Prometheus, expr: &str) -> Result<usize, String> {
+    let url = format!("http://127.0.0.1:{}/api/v1/query", prom.port);
+    let body = ureq::get(&url)
+        .query("query", expr)
+        .call()
+        .map_err(|e| e.to_string())?
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    if v["status"] != "success" {
+        return Err(body);
+    }
+    Ok(match &v["data"]["result"] {
+        Value::Array(a) => a.len(),
+        Value::Null => 0,
+        _ => 1,
+    })
+}
+
+/// A cooling loop whose readings a test controls: a coolant flow under its critical
+/// threshold, a pressure past its caution, a leak warning (it degrades the node's GPUs; a
+/// critical one would fail them and hide the forecast's verdict), and a supply temperature
+/// rising toward its upper threshold.
+fn faulty_cdu() -> DynamicBmc {
+    DynamicBmc::start(|path, t| {
+        let r = "/redfish/v1";
+        let sensor = |id: &str, extra: Value| {
+            let mut d =
+                json!({"@odata.id": format!("{r}/Chassis/CDU/Sensors/{id}"), "Id": id, "Name": id});
+            for (k, v) in extra.as_object().expect("object") {
+                d[k] = v.clone();
+            }
+            d
+        };
+        let members = |base: &str, names: &[&str]| json!({"Members": names.iter().map(|n| json!({"@odata.id": format!("{r}{base}/{n}")})).collect::<Vec<_>>()});
+        Some(match path.trim_start_matches(r) {
+            "" => json!({"@odata.id": r, "Chassis": {"@odata.id": format!("{r}/Chassis")}}),
+            "/Chassis" => members("/Chassis", &["CDU"]),
+            "/Chassis/CDU" => {
+                json!({"Name": "CDU", "Sensors": {"@odata.id": format!("{r}/Chassis/CDU/Sensors")}, "LeakDetectors": {"@odata.id": format!("{r}/Chassis/CDU/LeakDetectors")}, "ThermalSubsystem": {"@odata.id": format!("{r}/Chassis/CDU/ThermalSubsystem")}})
+            }
+            "/Chassis/CDU/ThermalSubsystem" => {
+                json!({"CoolantConnectors": {"@odata.id": format!("{r}/Chassis/CDU/ThermalSubsystem/CoolantConnectors")}, "Pumps": {"@odata.id": format!("{r}/Chassis/CDU/ThermalSubsystem/Pumps")}})
+            }
+            "/Chassis/CDU/ThermalSubsystem/CoolantConnectors" => {
+                members("/Chassis/CDU/ThermalSubsystem/CoolantConnectors", &["Rack"])
+            }
+            "/Chassis/CDU/ThermalSubsystem/CoolantConnectors/Rack" => {
+                json!({"Name": "Rack loop", "FlowLitersPerMinute": {"Reading": 18}, "SupplyTemperatureCelsius": {"Reading": 31}, "ReturnTemperatureCelsius": {"Reading": 44}, "HeatRemovedkW": {"Reading": 16.2}})
+            }
+            "/Chassis/CDU/ThermalSubsystem/Pumps" => {
+                members("/Chassis/CDU/ThermalSubsystem/Pumps", &["P1"])
+            }
+            "/Chassis/CDU/ThermalSubsystem/Pumps/P1" => {
+                json!({"Name": "Pump 1", "PumpSpeedPercent": {"Reading": 35, "SpeedRPM": 1400}})
+            }
+            "/Chassis/CDU/Sensors" => {
+                members("/Chassis/CDU/Sensors", &["Flow", "Pressure", "Supply"])
+            }
+            "/Chassis/CDU/Sensors/Flow" => sensor(
+                "Flow",
+                json!({"Reading": 18, "ReadingType": "LiquidFlowLPM", "ReadingUnits": "L/min", "Thresholds": {"LowerCritical": {"Reading": 20}}}),
+            ),
+            "/Chassis/CDU/Sensors/Pressure" => sensor(
+                "Pressure",
+                json!({"Reading": 260, "ReadingType": "PressurekPa", "ReadingUnits": "kPa", "Thresholds": {"UpperCaution": {"Reading": 250}}}),
+            ),
+            "/Chassis/CDU/Sensors/Supply" => sensor(
+                "Supply",
+                json!({"Reading": (30.0 + t * 0.25).round(), "ReadingType": "Temperature", "ReadingUnits": "Cel", "PhysicalContext": "LiquidInlet", "Thresholds": {"UpperCaution": {"Reading": 60}}}),
+            ),
+            "/Chassis/CDU/LeakDetectors" => members("/Chassis/CDU/LeakDetectors", &["Tray"]),
+            "/Chassis/CDU/LeakDetectors/Tray" => {
+                json!({"Name": "Tray", "DetectorState": "Warning"})
+            }
+            _ => return None,
+        })
+    })
+}
+
+const KERN_LINES: &str = "[100.000001] NVRM: Xid (PCI:0000:2a:00): 48, pid=4242, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU (0x00000000).\n\
+         [100.000002] NVRM: Xid (PCI:0000:9a:00): 119, pid=4243, name=python3, Timeout after 6s of waiting for RPC response from GPU4 GSP!\n\
+         [100.000003] NVRM: Xid (PCI:0000:18:00): 13, pid=4244, name=python3, Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Illegal Instruction Parameter\n\
+         [100.000004] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up\n";
+
+/// A kernel-log file Junction follows (empty: it reads what is appended).
+fn kmsg_file() -> PathBuf {
+    let f = support::temp_dir().join("kern.log");
+    std::fs::write(&f, "").expect("kern.log");
+    f
+}
+
+fn append(f: &Path, text: &str) {
+    use std::io::Write as _;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(f)
+        .and_then(|mut h| h.write_all(text.as_bytes()))
+        .expect("append");
+}
+
+fn junction_config(port: u16, cdu: u16, kern: &Path) -> String {
+    let unreachable = support::free_port();
+    let pw = support::temp_dir().join("pw");
+    std::fs::write(&pw, "x\n").expect("pw");
+    support::sim_config("current", port, "").replace(
+        support::EBPF_OFF,
+        "[sources.ebpf]\nwatch_devices = [\"/dev/null\"]\nexited_retention_secs = 600\n",
+    ) + &format!(
+        "\n[sources.kmsg]\ndevice = \"\"\nfiles = [{:?}]\n\
+             \n[[sources.redfish.targets]]\nname = \"cdu\"\nurl = \"http://127.0.0.1:{cdu}\"\ninterval_secs = 1\n\
+             \n[[sources.redfish.targets]]\nname = \"down\"\nurl = \"http://127.0.0.1:{unreachable}\"\ninterval_secs = 1\ntimeout_secs = 1\n\
+             \n[[sources.ipmi.targets]]\nname = \"down\"\nhost = \"127.0.0.1\"\nport = {unreachable}\nusername = \"x\"\npassword_file = {:?}\ninterval_secs = 2\ntimeout_secs = 1\n\
+             \n[health]\ninterval_secs = 1\nforecast_window_secs = 20\nforecast_horizon_secs = 30\nforecast_persist = 3\n",
+        kern.display().to_string(),
+        pw.display().to_string()
+    )
+}
+
+/// Queries every expression until each has returned data once (or the deadline); returns
+/// those that never did.
+fn until_all_have_data(
+    prom: &Prometheus,
+    exprs: &[(String, String)],
+    limit: Duration,
+) -> Vec<String> {
+    let mut pending: BTreeMap<String, String> = exprs
+        .iter()
+        .cloned()
+        .map(|(n, e)| (format!("{n}: {e}"), e))
+        .collect();
+    let start = Instant::now();
+    let mut errors = Vec::new();
+    while !pending.is_empty() && start.elapsed() < limit {
+        pending.retain(|name, e| match query(prom, e) {
+            Ok(n) => n == 0,
+            Err(err) => {
+                errors.push(format!("{name}: {err}"));
+                false
+            }
+        });
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        errors.is_empty(),
+        "queries Prometheus rejects:\n{}",
+        errors.join("\n")
+    );
+    pending.into_keys().collect()
+}
+
+#[test]
+fn every_rule_and_dashboard_query_returns_data_against_a_real_prometheus() {
+    if crate::ebpf::cannot_run() {
+        return;
+    }
+    let Some(_) = promtool() else { return };
+    let port = support::free_port();
+    let Some(prom) = start_prometheus(port) else {
+        return;
+    };
+    let cdu = faulty_cdu();
+    let kern = kmsg_file();
+    let config = junction_config(port, cdu.port, &kern);
+    let mut agent = Agent::spawn_config("faulty-node.toml", &config);
+    agent.wait_for(Duration::from_secs(60), |m| m.contains("gpu_info{"));
+    // XIDs and an SXid, twice, a few scrapes apart (a counter's increase needs two samples).
+    std::thread::sleep(Duration::from_secs(3));
+    append(&kern, KERN_LINES);
+    std::thread::sleep(Duration::from_secs(4));
+    append(&kern, KERN_LINES);
+    // A process that uses a GPU through the driver (eBPF attribution on the watched device).
+    let workload =
+        crate::ebpf::spawn_workload("basic", "GPU-8f6b2c1a-0000-4000-8000-00115dfa5726", 9);
+
+    // What needs the agent gone or a GPU gone is checked afterwards.
+    const LATER: [&str; 2] = ["GpuMissing", "JunctionDown"];
+    let all: Vec<(String, String)> = rule_exprs().into_iter().chain(dashboard_exprs()).collect();
+    let now: Vec<(String, String)> = all
+        .iter()
+        .filter(|(n, _)| !LATER.contains(&n.as_str()))
+        .cloned()
+        .collect();
+    let missing = until_all_have_data(&prom, &now, Duration::from_secs(150));
+    let reasons = support::scrape(agent.port, Duration::from_secs(5))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            l.starts_with("gpu_health_reason{")
+                || (l.starts_with("hw_status{") && !l.ends_with(" 0"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        missing.is_empty(),
+        "no data for:\n{}\nhealth now:\n{reasons}\njunction log:\n{}",
+        missing.join("\n"),
+        agent.log()
+    );
+    workload.finish();
+
+    // The node's last GPU disappears (the driver lists seven after a restart).
+    agent.terminate();
+    let mut agent = Agent::spawn_config("faulty-node-7.toml", &config);
+    agent.wait_for(Duration::from_secs(60), |m| m.contains("gpu_info{"));
+    let gone: Vec<(String, String)> = all
+        .iter()
+        .filter(|(n, _)| n == "GpuMissing")
+        .cloned()
+        .collect();
+    let missing = until_all_have_data(&prom, &gone, Duration::from_secs(30));
+    assert!(missing.is_empty(), "no data for {missing:?}");
+    // The agent stops.
+    agent.terminate();
+    let down: Vec<(String, String)> = all
+        .iter()
+        .filter(|(n, _)| n == "JunctionDown")
+        .cloned()
+        .collect();
+    let missing = until_all_have_data(&prom, &down, Duration::from_secs(30));
+    assert!(missing.is_empty(), "no data for {missing:?}");
+}
