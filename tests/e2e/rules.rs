@@ -221,6 +221,15 @@ fn rules_pass_promtool_and_every_metric_they_and_the_dashboards_name_exists() {
         "not in the registry:\n{}",
         unknown.join("\n")
     );
+    // Every alert links a runbook that exists.
+    let runbooks =
+        std::fs::read_to_string(support::root().join("docs/RUNBOOKS.md")).expect("runbooks");
+    for (name, _) in rule_exprs().into_iter().filter(|(n, _)| !n.contains(':')) {
+        assert!(
+            runbooks.contains(&format!("\n## {name}\n")),
+            "no runbook for {name}"
+        );
+    }
     // Every dashboard is importable: uid, title, schema version, the datasource variable, and
     // no hard-coded datasource.
     let ds = json!({"type": "prometheus", "uid": "${datasource}"});

@@ -687,4 +687,43 @@ mod tests {
         m.record_xid(r);
         assert!(m.health.reasons("GPU-b").is_empty());
     }
+
+    #[test]
+    fn the_xids_dcgm_fails_a_gpu_for_fail_it_until_a_reset() {
+        // DCGM's health watch fails a GPU for Xid 48, 74, 79, 95, 119, 120, 140; 94 only warns
+        // (the health rules degrade it), application XIDs do nothing to the GPU.
+        for (code, reason, action) in [
+            (48, "xid_fatal", "reset_gpu"),
+            (74, "xid_fatal", "drain_and_service"),
+            (79, "xid_79", "reboot_node"),
+            (95, "xid_fatal", "reset_gpu"),
+            (119, "xid_fatal", "reset_gpu"),
+            (120, "xid_fatal", "reset_gpu"),
+            (140, "xid_fatal", "reset_gpu"),
+        ] {
+            let m = Model::default();
+            m.learn_gpu_uuid("0000:3b:00", "GPU-b");
+            m.record_xid(report(Via::Kmsg, code));
+            let reasons = m.health.reasons("GPU-b");
+            assert_eq!(reasons.len(), 1, "Xid {code}: {reasons:?}");
+            assert_eq!(
+                (reasons[0].code, reasons[0].state, reasons[0].action),
+                (reason, HealthState::Failed, action),
+                "Xid {code}"
+            );
+            // A reset clears what a reset cures; Xid 79 holds until the node reboots.
+            m.gpu_recovered("GPU-b");
+            assert_eq!(
+                m.health.reasons("GPU-b").is_empty(),
+                code != 79,
+                "Xid {code} after a reset"
+            );
+        }
+        for code in [13, 31, 43, 45, 94] {
+            let m = Model::default();
+            m.learn_gpu_uuid("0000:3b:00", "GPU-b");
+            m.record_xid(report(Via::Kmsg, code));
+            assert!(m.health.reasons("GPU-b").is_empty(), "Xid {code}");
+        }
+    }
 }
