@@ -4,6 +4,7 @@ mod agent;
 mod cli;
 mod config;
 mod model;
+mod privileges;
 mod shutdown;
 mod sinks;
 mod sources;

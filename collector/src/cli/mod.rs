@@ -68,6 +68,17 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
             }
         }
     }
+    // Everything that needed privileges is loaded and open: keep only what is still used.
+    if config.drop_privileges {
+        match crate::privileges::drop_all_but(&crate::privileges::KEEP) {
+            Ok(0) => {}
+            Ok(kept) => tracing::info!(
+                kept = %crate::privileges::names(kept),
+                "started; dropped every other capability"
+            ),
+            Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
+        }
+    }
     signals.wait().await;
     tracing::info!("shutting down");
     // Sources first, then the sinks (which may make a final export of what the sources left).

@@ -130,6 +130,10 @@ config_section! {
         /// written atomically. Unwritable: a warning, and every restart starts clean.
         /// Default: "/var/lib/junction".
         pub state_dir: PathBuf = PathBuf::from("/var/lib/junction"),
+        /// Once the sources have started (BPF loaded, devices and the kernel log open), drop
+        /// every capability but CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (to name other users'
+        /// processes) and set no_new_privs. Default: true.
+        pub drop_privileges: bool = true,
         /// Where data comes from.
         pub sources: Sources = Sources::default(),
         /// The per-GPU health verdict, its rules and the forecasts.

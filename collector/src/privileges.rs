@@ -1,0 +1,216 @@
+//! Least privilege: once the sources have started (BPF programs loaded and attached, tracefs
+//! mounted, `/dev/kmsg` and the devices open), Junction keeps only the capabilities it still
+//! uses and sets `no_new_privs`.
+//!
+//! Kept: `CAP_SYS_PTRACE` (reading `/proc/PID/exe` of other users' processes for their names)
+//! and `CAP_DAC_READ_SEARCH` (their `/proc` entries and cgroup files). Everything else — CAP_BPF,
+//! CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYSLOG, CAP_NET_ADMIN, … — is dropped from the effective,
+//! permitted, inheritable, ambient and bounding sets. Open file descriptors (the BPF maps, the
+//! kernel log, NVML's device files) keep working without them.
+//!
+//! Capabilities (and the bounding set, securebits and `no_new_privs`) are per thread in Linux,
+//! so the change is made on every thread of the process: each is sent a signal whose handler
+//! makes the same system calls (as libcap's psx does). Root's automatic capabilities on exec are
+//! turned off (securebits NOROOT), so a tool Junction runs (ipmi-sensors) gets none.
+
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// `CAP_DAC_READ_SEARCH`.
+pub const CAP_DAC_READ_SEARCH: u32 = 2;
+/// `CAP_SYS_PTRACE`.
+pub const CAP_SYS_PTRACE: u32 = 19;
+
+/// What is kept after start-up.
+pub const KEEP: [u32; 2] = [CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE];
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct Header {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Data {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// The capability masks every thread applies (low and high words of effective = permitted).
+static MASK: AtomicU64 = AtomicU64::new(0);
+/// Threads that have applied it.
+static DONE: AtomicU32 = AtomicU32::new(0);
+/// The last error a thread met (0 = none).
+static FAILED: AtomicI32 = AtomicI32::new(0);
+
+fn capget() -> Option<[Data; 2]> {
+    let mut h = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget(2) with a v3 header and two data structs, as the ABI requires.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
+    (r == 0).then_some(d)
+}
+
+/// Sets this thread's effective and permitted sets to `mask`, inheritable to none
+/// (async-signal-safe: one system call).
+fn apply(mask: u64) -> i32 {
+    let mut h = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let d = [
+        Data {
+            effective: mask as u32,
+            permitted: mask as u32,
+            inheritable: 0,
+        },
+        Data {
+            effective: (mask >> 32) as u32,
+            permitted: (mask >> 32) as u32,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: capset(2) with a v3 header and two data structs.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) };
+    if r == 0 {
+        0
+    } else {
+        // SAFETY: errno of this thread.
+        unsafe { *libc::__errno_location() }
+    }
+}
+
+/// The highest capability number of this kernel.
+static LAST_CAP: AtomicU32 = AtomicU32::new(40);
+
+/// Restricts the calling thread: root's automatic capabilities off for what it executes
+/// (securebits NOROOT, locked), the bounding and ambient sets reduced to `mask`,
+/// `no_new_privs`, then effective and permitted = `mask`. Only system calls:
+/// async-signal-safe.
+fn restrict_this_thread(mask: u64) -> i32 {
+    const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+    const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+    // SAFETY: prctl(2) calls with integer arguments.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_SECUREBITS,
+            SECBIT_NOROOT | SECBIT_NOROOT_LOCKED,
+            0,
+            0,
+            0,
+        );
+        for cap in 0..=LAST_CAP.load(Ordering::SeqCst) {
+            if mask & (1u64 << cap) == 0 {
+                libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0);
+            }
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    }
+    apply(mask)
+}
+
+extern "C" fn on_signal(_: libc::c_int) {
+    let e = restrict_this_thread(MASK.load(Ordering::SeqCst));
+    if e != 0 {
+        FAILED.store(e, Ordering::SeqCst);
+    }
+    DONE.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Drops every capability but `keep` on every thread, and from the bounding and ambient sets;
+/// sets `no_new_privs`. Returns what was kept, or why nothing was done.
+pub fn drop_all_but(keep: &[u32]) -> Result<u64, String> {
+    let Some(now) = capget() else {
+        return Err("capget failed".into());
+    };
+    let permitted = u64::from(now[0].permitted) | (u64::from(now[1].permitted) << 32);
+    if permitted == 0 {
+        return Ok(0);
+    }
+    let wanted = keep.iter().fold(0u64, |m, c| m | (1u64 << c));
+    let mask = wanted & permitted;
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    LAST_CAP.store(last.min(63), Ordering::SeqCst);
+    // Every other thread, through a signal; then this one.
+    MASK.store(mask, Ordering::SeqCst);
+    DONE.store(0, Ordering::SeqCst);
+    let sig = libc::SIGRTMIN() + 5;
+    // SAFETY: installing a handler that only makes one system call and touches atomics;
+    // SA_RESTART so that interrupted calls resume.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+            return Err("sigaction failed".into());
+        }
+    }
+    let me = unsafe { libc::gettid() };
+    let pid = std::process::id() as i32;
+    let mut sent = 0u32;
+    if let Ok(rd) = std::fs::read_dir("/proc/self/task") {
+        for t in rd.flatten() {
+            let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if tid == me {
+                continue;
+            }
+            // SAFETY: tgkill(2) to a thread of this process.
+            if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) } == 0 {
+                sent += 1;
+            }
+        }
+    }
+    let e = restrict_this_thread(mask);
+    if e != 0 {
+        return Err(format!("capset failed: errno {e}"));
+    }
+    let start = Instant::now();
+    while DONE.load(Ordering::SeqCst) < sent && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if DONE.load(Ordering::SeqCst) < sent {
+        return Err(format!(
+            "{} of {sent} threads did not answer",
+            sent - DONE.load(Ordering::SeqCst)
+        ));
+    }
+    match FAILED.load(Ordering::SeqCst) {
+        0 => Ok(mask),
+        e => Err(format!("capset failed on a thread: errno {e}")),
+    }
+}
+
+/// Names of capabilities in a mask.
+pub fn names(mask: u64) -> String {
+    let n = |c: u32| match c {
+        CAP_DAC_READ_SEARCH => "CAP_DAC_READ_SEARCH".to_string(),
+        CAP_SYS_PTRACE => "CAP_SYS_PTRACE".to_string(),
+        c => format!("cap {c}"),
+    };
+    let v: Vec<String> = (0..64).filter(|c| mask & (1u64 << c) != 0).map(n).collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
