@@ -366,6 +366,82 @@ fn a_process_that_lives_50_ms_is_still_seen() {
     );
 }
 
+/// A `Cap*:` or `NoNewPrivs:` field of a `/proc/PID/task/TID/status` file.
+fn status_field(status: &str, field: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| panic!("no {field} in\n{status}"))
+}
+
+#[test]
+fn after_start_every_thread_keeps_two_capabilities_and_attribution_still_works() {
+    if cannot_run() {
+        return;
+    }
+    let mut agent = start(SECTION);
+    let pid = agent.child.id();
+    // CAP_DAC_READ_SEARCH (2) and CAP_SYS_PTRACE (19).
+    let kept = format!("{:016x}", (1u64 << 2) | (1u64 << 19));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut report = Vec::new();
+        let mut all = true;
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("task dir");
+        for t in tasks.flatten() {
+            let Ok(status) = std::fs::read_to_string(t.path().join("status")) else {
+                continue; // a thread that just ended
+            };
+            let name = status_field(&status, "Name:");
+            let fields = ["CapEff:", "CapPrm:", "CapInh:", "CapBnd:", "CapAmb:"]
+                .map(|f| status_field(&status, f));
+            let nnp = status_field(&status, "NoNewPrivs:");
+            let ok = fields[0] == kept
+                && fields[1] == kept
+                && fields[2] == "0000000000000000"
+                && fields[3] == kept
+                && fields[4] == "0000000000000000"
+                && nnp == "1";
+            all &= ok;
+            report.push(format!("{name}: {fields:?} no_new_privs {nnp}"));
+        }
+        if all && !report.is_empty() {
+            eprintln!("{} threads, each with only {kept}", report.len());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "threads with more than {kept}:\n{}\nlog:\n{}",
+            report.join("\n"),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        agent.log().contains("dropped every other capability"),
+        "{}",
+        agent.log()
+    );
+    // The BPF programs, the maps and /proc still work without the dropped capabilities.
+    let uuids = support::uuids(&parse(
+        &support::scrape(agent.port, Duration::from_secs(5)).expect("scrape"),
+    ));
+    let w = spawn_workload("basic", &uuids[4], 6);
+    let page = wait_pid(&mut agent, w.pid, "uvm_register_gpu");
+    assert!(
+        page.contains("process_executable_name=\"nvworkload\""),
+        "the name still comes from /proc"
+    );
+    assert!(
+        page.contains(&w.container),
+        "the container still comes from the cgroup"
+    );
+    w.finish();
+    let status = agent.terminate();
+    assert!(status.success(), "a clean stop after the drop: {status}");
+}
+
 #[test]
 fn without_privileges_or_when_disabled_junction_runs_and_says_why() {
     // Disabled: said once, and everything else works.
