@@ -46,6 +46,17 @@ enum Command {
     },
     /// Check the configuration and report every problem (exit code 2 if any).
     Validate,
+    /// Ask a running agent's `/healthz` (the container HEALTHCHECK): exit 0 when every source
+    /// is up, 1 otherwise, with the answer on stdout.
+    Healthcheck {
+        /// The URL to ask. Default: `/healthz` on the configured Prometheus listen address
+        /// (an unspecified address such as 0.0.0.0 is asked on loopback).
+        #[arg(long)]
+        url: Option<String>,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 5)]
+        timeout: u64,
+    },
     /// Print generated documentation (used by `cargo xtask docs`).
     #[command(hide = true)]
     Docs {
@@ -129,7 +140,12 @@ fn main() -> ExitCode {
     // One-shot commands print their result on stdout; keep stderr to warnings by default.
     let quiet = matches!(
         args.command,
-        Some(Command::Once { .. } | Command::Inventory { .. } | Command::Validate)
+        Some(
+            Command::Once { .. }
+                | Command::Inventory { .. }
+                | Command::Validate
+                | Command::Healthcheck { .. }
+        )
     );
     let filter = args
         .log_level
@@ -195,6 +211,18 @@ fn main() -> ExitCode {
         Command::Run => cli::run(config),
         Command::Once { format } => cli::once(config, format),
         Command::Inventory { format } => cli::inventory(config, format),
+        Command::Healthcheck { url, timeout } => {
+            return match cli::healthcheck(&config, url, std::time::Duration::from_secs(timeout)) {
+                Ok(answer) => {
+                    print!("{answer}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    println!("unhealthy: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Docs { .. } | Command::ParseBench { .. } | Command::EbpfBench { .. } => Ok(()),
     };
     match result {

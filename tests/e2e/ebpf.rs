@@ -44,7 +44,7 @@ pub(crate) fn cannot_run() -> bool {
 }
 
 /// The simulator config with `section` for eBPF, and the real `/proc` (the workload is real).
-fn ebpf_config(port: u16, section: &str) -> String {
+pub(crate) fn ebpf_config(port: u16, section: &str) -> String {
     let empty = format!(
         "proc_root = {:?}",
         support::empty_proc().display().to_string()
@@ -63,7 +63,7 @@ fn start(section: &str) -> Agent {
     agent
 }
 
-const SECTION: &str = "[sources.ebpf]\nwatch_devices = [\"/dev/null\"]\nexited_retention_secs = 3\ninterval_secs = 1\n";
+pub(crate) const SECTION: &str = "[sources.ebpf]\nwatch_devices = [\"/dev/null\"]\nexited_retention_secs = 3\ninterval_secs = 1\n";
 
 /// The unified cgroup hierarchy's mount point.
 fn cgroup2_root() -> PathBuf {
@@ -117,6 +117,30 @@ pub(crate) struct Workload {
 /// ioctls are issued and (except "short") exits when its stdin closes.
 pub(crate) fn spawn_workload(mode: &str, uuid: &str, tag: u32) -> Workload {
     let (container, cgroup) = container_cgroup(tag);
+    spawn_workload_in(mode, uuid, &cgroup, container)
+}
+
+/// A Kubernetes pod's container cgroup (systemd driver, containerd):
+/// `kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<UID>.slice/cri-containerd-<ID>.scope`.
+pub(crate) fn pod_cgroup(pod_uid: &str, tag: u32) -> (String, PathBuf) {
+    let id = format!("{:08x}{}", tag, "cafe".repeat(14));
+    let slice = format!("kubepods-besteffort-pod{}.slice", pod_uid.replace('-', "_"));
+    let dir = cgroup2_root()
+        .join("kubepods.slice")
+        .join("kubepods-besteffort.slice")
+        .join(slice)
+        .join(format!("cri-containerd-{id}.scope"));
+    std::fs::create_dir_all(&dir).expect("create the pod cgroup");
+    (id, dir)
+}
+
+/// Starts the workload in the cgroup `cgroup` (named for `container`).
+pub(crate) fn spawn_workload_in(
+    mode: &str,
+    uuid: &str,
+    cgroup: &Path,
+    container: String,
+) -> Workload {
     let mut child = Command::new(workload_exe())
         .args([
             "--ignored",
@@ -170,7 +194,7 @@ impl Workload {
 
 /// Waits until `/metrics` has a line about `pid` that contains `what`, and returns the page
 /// (panics with the process's lines and the log on timeout).
-fn wait_pid(agent: &mut Agent, pid: u32, what: &str) -> String {
+pub(crate) fn wait_pid(agent: &mut Agent, pid: u32, what: &str) -> String {
     let needle = format!("process_pid=\"{pid}\"");
     let start = Instant::now();
     let mut last = String::new();

@@ -9,6 +9,7 @@ mod ebpf;
 mod faults;
 mod health;
 mod kmsg;
+mod kubernetes;
 mod otlp;
 mod quirks;
 mod rules;

@@ -24,6 +24,46 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// `junction healthcheck`: GET `/healthz` of a running agent; the answer when it is 200.
+pub fn healthcheck(
+    config: &Config,
+    url: Option<String>,
+    timeout: std::time::Duration,
+) -> anyhow::Result<String> {
+    let url = match url {
+        Some(u) => u,
+        None => {
+            let listen = &config.sinks.prometheus.listen;
+            let mut addr: std::net::SocketAddr = listen
+                .parse()
+                .with_context(|| format!("sinks.prometheus.listen {listen:?}"))?;
+            if addr.ip().is_unspecified() {
+                addr.set_ip(if addr.is_ipv4() {
+                    std::net::Ipv4Addr::LOCALHOST.into()
+                } else {
+                    std::net::Ipv6Addr::LOCALHOST.into()
+                });
+            }
+            format!("http://{addr}/healthz")
+        }
+    };
+    let client = reqwest::blocking::Client::builder()
+        .timeout(timeout)
+        .build()
+        .context("HTTP client")?;
+    let answer = client
+        .get(&url)
+        .send()
+        .with_context(|| format!("no answer from {url}"))?;
+    let status = answer.status();
+    let body = answer.text().unwrap_or_default();
+    if status.is_success() {
+        Ok(body)
+    } else {
+        anyhow::bail!("{url} answered {status}: {}", body.trim())
+    }
+}
+
 /// `junction run`: start the sinks, then the sources; stop on SIGTERM or SIGINT.
 ///
 /// The signal handlers and the sinks come first, so that a slow or hanging source start-up

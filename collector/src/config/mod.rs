@@ -157,6 +157,9 @@ config_section! {
         pub redfish: crate::sources::redfish::RedfishConfig = Default::default(),
         /// IPMI: board and cooling sensors from BMCs (over LAN, or in-band via /dev/ipmi0).
         pub ipmi: crate::sources::ipmi::IpmiConfig = Default::default(),
+        /// Kubernetes: which pod holds which GPU (the kubelet's pod-resources API) and the
+        /// names of the pods processes run in.
+        pub kubernetes: crate::sources::kubernetes::KubernetesConfig = Default::default(),
     }
 }
 
@@ -213,6 +216,9 @@ impl Config {
         self.sources.ebpf.validate("sources.ebpf", &mut out);
         self.sources.redfish.validate("sources.redfish", &mut out);
         self.sources.ipmi.validate("sources.ipmi", &mut out);
+        self.sources
+            .kubernetes
+            .validate("sources.kubernetes", &mut out);
         self.health.validate("health", &mut out);
         self.sinks.otlp.validate("sinks.otlp", &mut out);
         out

@@ -7,7 +7,7 @@
 //! Pids are the host's (NVML and BPF both report host pids): in a container, `proc_root`
 //! must be the host's `/proc` and the container needs the host's pid namespace.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +29,8 @@ pub struct ProcessInfo {
     pub runtime: Option<&'static str>,
     /// Kubernetes pod UID, from the cgroup path.
     pub pod_uid: Option<String>,
+    /// The pod's name and namespace, when the kubernetes source knows the UID.
+    pub pod: Option<PodName>,
     /// Start time in clock ticks after boot (`/proc/PID/stat` field 22): a reused pid has
     /// another.
     #[serde(skip)]
@@ -49,8 +51,21 @@ impl ProcessInfo {
         if let Some(p) = &self.pod_uid {
             a.push(("k8s.pod.uid", p.clone().into()));
         }
+        if let Some(p) = &self.pod {
+            a.push(("k8s.namespace.name", p.namespace.clone().into()));
+            a.push(("k8s.pod.name", p.name.clone().into()));
+        }
         a
     }
+}
+
+/// A pod's namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PodName {
+    /// `k8s.namespace.name`.
+    pub namespace: String,
+    /// `k8s.pod.name`.
+    pub name: String,
 }
 
 /// What the cgroup path says.
@@ -201,6 +216,7 @@ pub fn read_process(proc_root: &Path, pid: u32) -> Option<ProcessInfo> {
         container_id: ids.container_id,
         runtime: ids.runtime,
         pod_uid: ids.pod_uid,
+        pod: None,
         start_ticks: start,
     })
 }
@@ -227,6 +243,8 @@ pub struct Processes {
     entries: Mutex<BTreeMap<u32, Entry>>,
     cap: usize,
     last_prune: Mutex<Option<Instant>>,
+    /// Pod names by UID (set by the kubernetes source).
+    pods: Mutex<Arc<HashMap<String, PodName>>>,
 }
 
 impl Default for Processes {
@@ -236,6 +254,7 @@ impl Default for Processes {
             entries: Mutex::new(BTreeMap::new()),
             cap: 4096,
             last_prune: Mutex::new(None),
+            pods: Mutex::new(Arc::new(HashMap::new())),
         }
     }
 }
@@ -259,6 +278,27 @@ impl Processes {
         lock(&self.proc_root).clone()
     }
 
+    /// Replaces the pod names known by UID; processes in those pods are named from now on.
+    pub fn set_pod_names(&self, pods: HashMap<String, PodName>) {
+        *lock(&self.pods) = Arc::new(pods);
+    }
+
+    /// The name of the pod with this UID, if known.
+    pub fn pod_name(&self, uid: &str) -> Option<PodName> {
+        lock(&self.pods).get(uid).cloned()
+    }
+
+    /// `info` with its pod's name, when the UID has one now and the info lacks it.
+    fn named(&self, info: &Arc<ProcessInfo>) -> Option<Arc<ProcessInfo>> {
+        let uid = info.pod_uid.as_deref()?;
+        let pod = self.pod_name(uid)?;
+        (info.pod.as_ref() != Some(&pod)).then(|| {
+            let mut i = ProcessInfo::clone(info);
+            i.pod = Some(pod);
+            Arc::new(i)
+        })
+    }
+
     /// Who `pid` is: from the table, or read from `/proc` (re-read when the pid was reused),
     /// or, for a process already gone, from `hint`.
     pub fn identify(&self, pid: u32, hint: Option<&Hint>) -> Arc<ProcessInfo> {
@@ -273,6 +313,9 @@ impl Processes {
                     || start_ticks(&root, pid).is_none_or(|t| t == e.info.start_ticks);
                 if same {
                     e.last_seen = now;
+                    if let Some(named) = self.named(&e.info) {
+                        e.info = named;
+                    }
                     return e.info.clone();
                 }
             }
@@ -288,10 +331,12 @@ impl Processes {
                 container_id: ids.container_id,
                 runtime: ids.runtime,
                 pod_uid: ids.pod_uid,
+                pod: None,
                 start_ticks: 0,
             }
         });
         let info = Arc::new(info);
+        let info = self.named(&info).unwrap_or(info);
         let mut entries = lock(&self.entries);
         if entries.len() >= self.cap && !entries.contains_key(&pid) {
             // Evict the entry seen longest ago.

@@ -6,6 +6,7 @@ pub mod ebpf;
 pub mod health;
 pub mod ipmi;
 pub mod kmsg;
+pub mod kubernetes;
 pub mod nvml;
 pub mod redfish;
 
@@ -18,5 +19,6 @@ pub const ALL: &[Component] = &[
     ebpf::COMPONENT,
     redfish::COMPONENT,
     ipmi::COMPONENT,
+    kubernetes::COMPONENT,
     health::COMPONENT,
 ];

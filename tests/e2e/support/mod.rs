@@ -2,6 +2,7 @@
 //! parsing `/metrics`, an OTLP receiver.
 
 pub mod bmc;
+pub mod kubelet;
 pub mod otlp;
 
 use std::collections::BTreeMap;

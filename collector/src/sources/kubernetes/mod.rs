@@ -1,0 +1,436 @@
+//! The kubernetes source: which pod holds which GPU, and the names of the pods Junction's
+//! processes run in.
+//!
+//! - The kubelet's pod-resources API (`List`, gRPC over its unix socket) says which devices
+//!   each container was allocated: one `k8s.pod.gpu.allocation` series per GPU or MIG device
+//!   and container, for the resources named in `resources` (NVIDIA's device plugin: GPU and
+//!   MIG UUIDs; time-sliced replicas `UUID::N` are folded onto their GPU).
+//! - The kubelet's pod log directory (`/var/log/pods/<namespace>_<name>_<uid>`) maps the pod
+//!   UIDs that processes' cgroups carry to namespaces and names: every per-process series
+//!   (NVML's process list, eBPF's driver calls) of a process in a pod then carries
+//!   `k8s.namespace.name` and `k8s.pod.name` besides `k8s.pod.uid`.
+//!
+//! Off a Kubernetes node (no socket) the source stays quiet and reports nothing, so that the
+//! default configuration is right on every host; once the socket has been seen, a failed
+//! `List` marks the source down.
+
+pub mod proto;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::agent::{Component, Ctx};
+use crate::config::{Config, Invalid, config_section};
+use crate::model::processes::PodName;
+use crate::model::{Metric, Model, Sample};
+
+config_section! {
+    /// `[sources.kubernetes]`
+    pub struct KubernetesConfig {
+        /// Read the kubelet's pod-resources socket and pod directory when they exist (nothing
+        /// is reported off Kubernetes).
+        pub enabled: bool = true,
+        /// The kubelet's pod-resources socket (mount it read-only into the container).
+        pub pod_resources_socket: String = "/var/lib/kubelet/pod-resources/kubelet.sock".into(),
+        /// The kubelet's pod log directory, whose entries `<namespace>_<name>_<uid>` name the
+        /// pods that processes' cgroups give only by UID; "" turns the naming off.
+        pub pod_logs_dir: String = "/var/log/pods".into(),
+        /// Resource-name prefixes that are GPUs.
+        pub resources: Vec<String> = vec!["nvidia.com/".to_string()],
+        /// Seconds between reads.
+        pub interval_secs: u64 = 15,
+        /// Seconds a `List` call may take.
+        pub timeout_secs: u64 = 5,
+        /// At most this many allocation series (the rest are counted in the log).
+        pub max_allocations: u32 = 1024,
+    }
+}
+
+/// At most this many pod names are kept.
+const MAX_PODS: usize = 8192;
+
+impl KubernetesConfig {
+    /// Adds every problem with this section to `out`.
+    pub fn validate(&self, prefix: &str, out: &mut Vec<Invalid>) {
+        if !self.enabled {
+            return;
+        }
+        if !Path::new(&self.pod_resources_socket).is_absolute() {
+            out.push(Invalid {
+                key: format!("{prefix}.pod_resources_socket"),
+                message: format!(
+                    "{:?} is not an absolute path (the kubelet's is /var/lib/kubelet/pod-resources/kubelet.sock)",
+                    self.pod_resources_socket
+                ),
+            });
+        }
+        if self.interval_secs == 0 || self.timeout_secs == 0 {
+            out.push(Invalid {
+                key: format!("{prefix}.interval_secs"),
+                message: "interval_secs and timeout_secs must be at least 1".into(),
+            });
+        }
+        if self.resources.iter().any(String::is_empty) {
+            out.push(Invalid {
+                key: format!("{prefix}.resources"),
+                message:
+                    "an empty prefix would match every resource: name them, e.g. \"nvidia.com/\""
+                        .into(),
+            });
+        }
+    }
+}
+
+/// The kubernetes source.
+pub const COMPONENT: Component = Component {
+    name: "kubernetes",
+    enabled: |c| c.sources.kubernetes.enabled,
+    start: |c, ctx| Box::pin(start(c, ctx)),
+    once: Some(|c, model| Box::pin(once(c, model))),
+    inspect: None,
+    derive: None,
+};
+
+/// One device allocated to one container.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Allocation {
+    /// The device id, replica suffix removed (a GPU or MIG UUID for NVIDIA's plugin).
+    pub device: String,
+    /// The resource name.
+    pub resource: String,
+    /// `k8s.namespace.name`.
+    pub namespace: String,
+    /// `k8s.pod.name`.
+    pub pod: String,
+    /// `k8s.container.name`.
+    pub container: String,
+}
+
+/// The GPU allocations in a `List` answer (deduplicated: time-sliced replicas of one GPU
+/// given to one container count once).
+pub fn allocations(
+    answer: &proto::ListPodResourcesResponse,
+    prefixes: &[String],
+) -> Vec<Allocation> {
+    let mut out = BTreeSet::new();
+    for pod in &answer.pod_resources {
+        for c in &pod.containers {
+            for d in &c.devices {
+                if !prefixes
+                    .iter()
+                    .any(|p| d.resource_name.starts_with(p.as_str()))
+                {
+                    continue;
+                }
+                for id in &d.device_ids {
+                    // NVIDIA's device plugin names time-sliced replicas `<UUID>::<n>`.
+                    let device = id.split("::").next().unwrap_or(id).to_string();
+                    out.insert(Allocation {
+                        device,
+                        resource: d.resource_name.clone(),
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: c.name.clone(),
+                    });
+                }
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Pod names by UID from the kubelet's pod log directory (`<namespace>_<name>_<uid>`:
+/// namespaces and names are DNS labels / subdomains, so they hold no underscore).
+pub fn pod_names(dir: &Path) -> std::io::Result<HashMap<String, PodName>> {
+    let mut out = HashMap::new();
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let mut parts = name.splitn(3, '_');
+        let (Some(ns), Some(pod), Some(uid)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        if ns.is_empty() || pod.is_empty() || uid.is_empty() {
+            continue;
+        }
+        out.insert(
+            uid.to_string(),
+            PodName {
+                namespace: ns.to_string(),
+                name: pod.to_string(),
+            },
+        );
+        if out.len() >= MAX_PODS {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Connects to the kubelet's socket.
+async fn connect(socket: PathBuf, timeout: Duration) -> Result<tonic::transport::Channel, String> {
+    // The URI is required by the API and unused: the connector dials the socket.
+    let endpoint = tonic::transport::Endpoint::from_static("http://kubelet.pod-resources")
+        .connect_timeout(timeout)
+        .timeout(timeout);
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(&socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .map_err(|e| {
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg = format!("{msg}: {s}");
+                src = s.source();
+            }
+            msg
+        })
+}
+
+/// One `List`: the allocations, or why not.
+pub async fn list(
+    socket: &Path,
+    timeout: Duration,
+) -> Result<proto::ListPodResourcesResponse, String> {
+    let channel = connect(socket.to_path_buf(), timeout).await?;
+    match tokio::time::timeout(timeout, proto::list(channel)).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(status)) => Err(format!(
+            "List answered {:?}: {}",
+            status.code(),
+            status.message()
+        )),
+        Err(_) => Err(format!("no answer to List within {} s", timeout.as_secs())),
+    }
+}
+
+fn samples(allocs: &[Allocation], cap: usize) -> Vec<Sample> {
+    allocs
+        .iter()
+        .take(cap)
+        .map(|a| {
+            Sample::new(Metric::PodGpuAllocation, 1.0)
+                .with("hw.id", a.device.clone())
+                .with("k8s.namespace.name", a.namespace.clone())
+                .with("k8s.pod.name", a.pod.clone())
+                .with("k8s.container.name", a.container.clone())
+                .with("gpu.resource.name", a.resource.clone())
+        })
+        .collect()
+}
+
+/// What the last read left to say (logged only when it changes).
+#[derive(Default)]
+struct State {
+    socket_seen: bool,
+    last_error: Option<String>,
+    capped: bool,
+    names_error: Option<String>,
+}
+
+async fn poll(cfg: &KubernetesConfig, model: &Model, state: &mut State) {
+    // Pod names first: they do not need the kubelet to answer.
+    if !cfg.pod_logs_dir.is_empty() {
+        match pod_names(Path::new(&cfg.pod_logs_dir)) {
+            Ok(names) => {
+                state.names_error = None;
+                model.processes.set_pod_names(names);
+            }
+            Err(e) => {
+                let msg = format!("{}: {e}", cfg.pod_logs_dir);
+                if state.socket_seen && state.names_error.as_deref() != Some(msg.as_str()) {
+                    tracing::warn!(dir = %cfg.pod_logs_dir, error = %e, "cannot read the kubelet's pod directory: processes in pods are named by UID only (mount /var/log/pods)");
+                }
+                state.names_error = Some(msg);
+            }
+        }
+    }
+    let socket = Path::new(&cfg.pod_resources_socket);
+    if !socket.exists() {
+        if state.socket_seen {
+            // The kubelet restarts: down until it is back.
+            model.set_source_up("kubernetes", false);
+        }
+        return;
+    }
+    if !state.socket_seen {
+        tracing::info!(socket = %socket.display(), "reading GPU allocations from the kubelet");
+        state.socket_seen = true;
+    }
+    match list(socket, Duration::from_secs(cfg.timeout_secs.max(1))).await {
+        Ok(answer) => {
+            let allocs = allocations(&answer, &cfg.resources);
+            let cap = cfg.max_allocations as usize;
+            if allocs.len() > cap && !state.capped {
+                tracing::warn!(
+                    allocations = allocs.len(),
+                    max_allocations = cap,
+                    "more GPU allocations than sources.kubernetes.max_allocations: the rest are not exported"
+                );
+            }
+            state.capped = allocs.len() > cap;
+            if state.last_error.take().is_some() {
+                tracing::info!("the kubelet answers again");
+            }
+            model.publish("kubernetes", "allocations", samples(&allocs, cap));
+            model.set_source_detail(
+                "kubernetes",
+                vec![format!(
+                    "{} GPU allocation(s) from {}",
+                    allocs.len(),
+                    socket.display()
+                )],
+            );
+            model.set_source_up("kubernetes", true);
+        }
+        Err(e) => {
+            if state.last_error.as_deref() != Some(e.as_str()) {
+                tracing::warn!(socket = %socket.display(), error = %e, "cannot list pod resources: pod allocations are stale until the kubelet answers");
+            }
+            state.last_error = Some(e.clone());
+            // The last known allocations are dropped: a stale pod on a GPU misleads.
+            model.publish("kubernetes", "allocations", Vec::new());
+            model.set_source_detail("kubernetes", vec![format!("{}: {e}", socket.display())]);
+            model.set_source_up("kubernetes", false);
+        }
+    }
+}
+
+async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let cfg = config.sources.kubernetes.clone();
+    if !Path::new(&cfg.pod_resources_socket).exists() {
+        tracing::debug!(socket = %cfg.pod_resources_socket, "no kubelet pod-resources socket: not a Kubernetes node (or not mounted)");
+    }
+    Ok(tokio::spawn(async move {
+        let interval = Duration::from_secs(cfg.interval_secs.max(1));
+        let mut state = State::default();
+        loop {
+            let started = tokio::time::Instant::now();
+            tokio::select! {
+                _ = poll(&cfg, &ctx.model, &mut state) => {}
+                _ = ctx.shutdown.wait() => break,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(started + interval) => {}
+                _ = ctx.shutdown.wait() => break,
+            }
+        }
+    }))
+}
+
+async fn once(config: Arc<Config>, model: Arc<Model>) -> anyhow::Result<()> {
+    let cfg = &config.sources.kubernetes;
+    let mut state = State::default();
+    poll(cfg, &model, &mut state).await;
+    match state.last_error {
+        Some(e) => anyhow::bail!("{e}"),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proto::*;
+    use super::*;
+
+    fn devices(resource: &str, ids: &[&str]) -> ContainerDevices {
+        ContainerDevices {
+            resource_name: resource.into(),
+            device_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn allocations_keep_gpus_fold_replicas_and_skip_other_resources() {
+        let answer = ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "train-0".into(),
+                namespace: "ml".into(),
+                containers: vec![ContainerResources {
+                    name: "worker".into(),
+                    devices: vec![
+                        devices("nvidia.com/gpu", &["GPU-a::0", "GPU-a::1", "GPU-b"]),
+                        devices("nvidia.com/mig-1g.10gb", &["MIG-c"]),
+                        devices("example.com/nic", &["eth9"]),
+                    ],
+                }],
+            }],
+        };
+        let got = allocations(&answer, &["nvidia.com/".to_string()]);
+        let ids: Vec<&str> = got.iter().map(|a| a.device.as_str()).collect();
+        assert_eq!(ids, ["GPU-a", "GPU-b", "MIG-c"]);
+        assert!(
+            got.iter()
+                .all(|a| a.pod == "train-0" && a.container == "worker")
+        );
+    }
+
+    #[test]
+    fn pod_names_from_the_log_directory() {
+        let dir = std::env::temp_dir().join(format!("junction-pods-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in [
+            "ml_train-0_0f6e1c2a-1b2c-4d5e-8f90-123456789abc",
+            "kube-system_nvidia-device-plugin-x2x_11111111-2222-3333-4444-555555555555",
+            "stray",
+        ] {
+            std::fs::create_dir_all(dir.join(d)).expect("mkdir");
+        }
+        let names = pod_names(&dir).expect("read");
+        assert_eq!(names.len(), 2);
+        assert_eq!(
+            names["0f6e1c2a-1b2c-4d5e-8f90-123456789abc"],
+            PodName {
+                namespace: "ml".into(),
+                name: "train-0".into()
+            }
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_messages_decode_what_the_kubelet_encodes() {
+        use prost::Message as _;
+        // Encoded by hand from the proto: pod_resources { name "p" namespace "n" containers {
+        // name "c" devices { resource_name "nvidia.com/gpu" device_ids "GPU-1" } cpu_ids 3 } }.
+        let dev = [&[0x0a, 14][..], b"nvidia.com/gpu", &[0x12, 5], b"GPU-1"].concat();
+        let container = [
+            &[0x0a, 1][..],
+            b"c",
+            &[0x12, dev.len() as u8],
+            &dev,
+            &[0x18, 3],
+        ]
+        .concat();
+        let pod = [
+            &[0x0a, 1][..],
+            b"p",
+            &[0x12, 1],
+            b"n",
+            &[0x1a, container.len() as u8],
+            &container,
+        ]
+        .concat();
+        let msg = [&[0x0a, pod.len() as u8][..], &pod].concat();
+        let answer = ListPodResourcesResponse::decode(msg.as_slice()).expect("decode");
+        let got = allocations(&answer, &["nvidia.com/".to_string()]);
+        assert_eq!(
+            got,
+            vec![Allocation {
+                device: "GPU-1".into(),
+                resource: "nvidia.com/gpu".into(),
+                namespace: "n".into(),
+                pod: "p".into(),
+                container: "c".into(),
+            }]
+        );
+    }
+}
