@@ -195,11 +195,17 @@ impl Workload {
 /// Waits until `/metrics` has a line about `pid` that contains `what`, and returns the page
 /// (panics with the process's lines and the log on timeout).
 pub(crate) fn wait_pid(agent: &mut Agent, pid: u32, what: &str) -> String {
+    let port = agent.port;
+    wait_pid_on(port, pid, what, &|| agent.log())
+}
+
+/// [`wait_pid`] for any agent serving `/metrics` on `port`; `log` says what it logged.
+pub(crate) fn wait_pid_on(port: u16, pid: u32, what: &str, log: &dyn Fn() -> String) -> String {
     let needle = format!("process_pid=\"{pid}\"");
     let start = Instant::now();
     let mut last = String::new();
     while start.elapsed() < Duration::from_secs(30) {
-        if let Ok(page) = support::scrape(agent.port, Duration::from_secs(5)) {
+        if let Ok(page) = support::scrape(port, Duration::from_secs(5)) {
             if page
                 .lines()
                 .any(|l| l.contains(&needle) && l.contains(what))
@@ -217,7 +223,7 @@ pub(crate) fn wait_pid(agent: &mut Agent, pid: u32, what: &str) -> String {
     panic!(
         "no line about pid {pid} with {what:?} within 30 s; its lines:\n{}\nlog:\n{}",
         mine.join("\n"),
-        agent.log()
+        log()
     );
 }
 

@@ -47,7 +47,7 @@ pub fn kmsg_write(lines: &[String]) {
 
 /// A PCI domain of this test process's own, so that its lines cannot be counted by another
 /// test (or an earlier run) reading the same kernel log.
-fn domain(salt: u32) -> u32 {
+pub(crate) fn domain(salt: u32) -> u32 {
     (std::process::id()
         .wrapping_mul(7919)
         .wrapping_add(salt * 104729)
@@ -56,7 +56,7 @@ fn domain(salt: u32) -> u32 {
 }
 
 /// A scenario of `gpus` H100s on PCI domain `d`, buses 0x18, 0x19, …
-fn scenario(d: u32, gpus: u32, extra: &str) -> PathBuf {
+pub(crate) fn scenario(d: u32, gpus: u32, extra: &str) -> PathBuf {
     let dir = support::temp_dir();
     let path = dir.join("xid-node.toml");
     let list: Vec<String> = (0..gpus)

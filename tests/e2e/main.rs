@@ -5,6 +5,7 @@ mod support;
 
 mod bmc;
 mod config_errors;
+mod container;
 mod ebpf;
 mod faults;
 mod health;

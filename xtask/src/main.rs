@@ -3,6 +3,7 @@
 
 mod bench;
 mod gpu_check;
+mod image;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ commands:
   demo              run Junction on the simulated 8x H100 node: print the table, serve /metrics
   test              install what the tests need, then run every check and test
   bench [--smoke]   measure CPU and memory per collection; writes BENCHMARKS.md (not with --smoke)
+  image             build the container image with podman from the Dockerfile; prints its reference last
   gpu-check         on a GPU host, compare junction with nvidia-smi and pynvml (a dry run without a GPU)
 ";
 
@@ -33,6 +35,7 @@ fn main() -> Result<()> {
         "demo" => demo(),
         "test" => test(),
         "bench" => bench::run(rest.iter().any(|a| a == "--smoke")),
+        "image" => image::build().map(|r| println!("{r}")),
         "gpu-check" => gpu_check::run_check(),
         _ => {
             eprint!("{USAGE}");
@@ -236,6 +239,9 @@ fn test() -> Result<()> {
     let sim = nvml_sim()?;
     println!("NVML simulator: {}", sim.display());
     bench::run(true)?;
+    // The container tests run the image built from the Dockerfile.
+    let image = image::build()?;
+    println!("container image: {image}");
     // cargo-nextest runs every test in its own process and ends with one summary line; plain
     // `cargo test` where it is not installed.
     let nextest = cargo()
@@ -250,7 +256,8 @@ fn test() -> Result<()> {
     } else {
         c.args(["test", "--workspace", "--no-fail-fast"]);
     }
-    c.env("JUNCTION_PYTHON", &env.python);
+    c.env("JUNCTION_PYTHON", &env.python)
+        .env("JUNCTION_IMAGE", &image);
     run(&mut c)?;
     // The real-GPU comparison: a dry run here (no GPU), kept from rotting.
     gpu_check::run_check()

@@ -50,11 +50,13 @@ impl KmsgConfig {
         if !self.enabled {
             return;
         }
-        if !self.device.is_empty() && !std::path::Path::new(&self.device).exists() {
+        // A device that is absent here (an unprivileged container) is not a configuration
+        // error: the source says so at start and the others run.
+        if !self.device.is_empty() && !std::path::Path::new(&self.device).is_absolute() {
             out.push(Invalid {
                 key: format!("{prefix}.device"),
                 message: format!(
-                    "{:?} does not exist; use \"/dev/kmsg\", or \"\" to read only files",
+                    "{:?} is not an absolute path; use \"/dev/kmsg\", or \"\" to read only files",
                     self.device
                 ),
             });
@@ -295,7 +297,7 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
             Err(e) => tracing::error!(
                 device = %c.device,
                 error = %e,
-                "cannot open the kernel log: run as root, or grant CAP_SYSLOG (kernel.dmesg_restrict is set), or set sources.kmsg.device = \"\"; XIDs are not read from it"
+                "cannot open the kernel log: run as root, or grant CAP_SYSLOG (kernel.dmesg_restrict is set); in a container, mount the host's /dev/kmsg (or run privileged); or set sources.kmsg.device = \"\"; XIDs are not read from it"
             ),
         }
     }

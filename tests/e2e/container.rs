@@ -1,0 +1,332 @@
+//! The container image end to end (as root, with podman and runc): the image `cargo xtask
+//! image` built from the `Dockerfile`, run privileged the way the DaemonSet runs it (host pid
+//! namespace, the host's NVML library mounted in — here the simulator's), collects NVML, attaches
+//! its BPF programs to this kernel and attributes a host workload, counts an XID written to the
+//! host's kernel log, drops its capabilities, passes its HEALTHCHECK and stops cleanly on
+//! `podman stop`. Run without privileges it still serves NVML and says why the rest is off,
+//! and its HEALTHCHECK fails naming the sources that are down.
+//!
+//! The image is `$JUNCTION_IMAGE`, else `localhost/junction:dev`; `cargo xtask test` builds it
+//! first. Outside CI the tests skip when podman or the image is missing; in CI they fail.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use crate::support::{self, parse, value};
+use crate::{ebpf, kmsg};
+
+const RUNC: &str = "/usr/sbin/runc";
+
+fn podman() -> Command {
+    let mut c = Command::new("podman");
+    c.args(["--runtime", RUNC]);
+    c
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run podman");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The image to test, or `None` (skipped outside CI) when it cannot run here.
+fn image() -> Option<String> {
+    let skip = |why: &str| {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{why} (CI runs `cargo xtask test`, which builds it)"
+        );
+        eprintln!("SKIPPED: {why}");
+        None
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("not root: privileged containers need root");
+    }
+    let image = std::env::var("JUNCTION_IMAGE").unwrap_or_else(|_| "localhost/junction:dev".into());
+    let exists = Command::new("podman")
+        .args(["image", "exists", &image])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !exists {
+        return skip(&format!("no image {image}: run `cargo xtask image`"));
+    }
+    Some(image)
+}
+
+/// A container removed on drop.
+struct Container {
+    name: String,
+}
+
+impl Container {
+    fn start(
+        image: &str,
+        privileged: bool,
+        config: &Path,
+        scenario: &Path,
+        state: &Path,
+    ) -> Container {
+        let name = format!("junction-test-{}-{}", std::process::id(), privileged);
+        let _ = podman().args(["rm", "-f", &name]).output();
+        let lib = support::sim_lib("current");
+        let mut c = podman();
+        c.args(["run", "-d", "--name", &name, "--network", "host"])
+            .args([
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+            ]);
+        if privileged {
+            c.args(["--privileged", "--pid", "host"]);
+        }
+        c.arg("-v")
+            .arg(format!(
+                "{}:/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1:ro",
+                lib.display()
+            ))
+            .arg("-v")
+            .arg(format!("{}:/scenario.toml:ro", scenario.display()))
+            // A derived scenario names its base by its path here.
+            .arg("-v")
+            .arg(format!(
+                "{0}:{0}:ro",
+                support::root().join("tests/scenarios").display()
+            ))
+            .arg("-v")
+            .arg(format!(
+                "{}:/etc/junction/junction.toml:ro",
+                config.display()
+            ))
+            .arg("-v")
+            .arg(format!("{}:/var/lib/junction", state.display()))
+            .args(["-e", "JUNCTION_NVML_SIM_SCENARIO=/scenario.toml"])
+            .arg(image);
+        run(&mut c);
+        Container { name }
+    }
+
+    fn logs(&self) -> String {
+        let out = podman()
+            .args(["logs", &self.name])
+            .output()
+            .expect("podman logs");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    fn pid(&self) -> u32 {
+        let out = run(podman().args(["inspect", "-f", "{{.State.Pid}}", &self.name]));
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("a pid")
+    }
+
+    /// Runs the image's HEALTHCHECK now: its exit status and what it printed.
+    fn healthcheck(&self) -> (bool, String) {
+        let out = podman()
+            .args(["healthcheck", "run", &self.name])
+            .output()
+            .expect("podman healthcheck run");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    /// `podman stop`, then the exit code.
+    fn stop(&self) -> i64 {
+        run(podman().args(["stop", "-t", "20", &self.name]));
+        let out = run(podman().args(["inspect", "-f", "{{.State.ExitCode}}", &self.name]));
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("an exit code")
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = podman().args(["rm", "-f", "-t", "2", &self.name]).output();
+    }
+}
+
+fn wait_metrics(port: u16, c: &Container, ok: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        if let Ok(page) = support::scrape(port, Duration::from_secs(5))
+            && ok(&page)
+        {
+            return page;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "not seen within 60 s; container log:\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn files(port: u16, extra: &str) -> (PathBuf, PathBuf) {
+    let dir = support::temp_dir();
+    let config = dir.join("junction.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = \"/var/lib/junction\"\n\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n\n{extra}"
+        ),
+    )
+    .expect("config");
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).expect("state dir");
+    (config, state)
+}
+
+#[test]
+fn privileged_the_image_collects_attributes_counts_xids_drops_privileges_and_stops_cleanly() {
+    let Some(image) = image() else { return };
+    if ebpf::cannot_run() {
+        return;
+    }
+    // The image's metadata: a HEALTHCHECK running `junction healthcheck`, and labels.
+    let out = run(podman().args([
+        "image",
+        "inspect",
+        "--format",
+        "{{json .Config.Healthcheck}} {{index .Labels \"org.opencontainers.image.title\"}}",
+        &image,
+    ]));
+    let meta = String::from_utf8_lossy(&out.stdout);
+    assert!(meta.contains("junction\",\"healthcheck"), "{meta}");
+    assert!(meta.trim_end().ends_with(" junction"), "{meta}");
+
+    let port = support::free_port();
+    let d = kmsg::domain(9);
+    let scenario = kmsg::scenario(d, 4, "");
+    let (config, state) = files(
+        port,
+        "[sources.kmsg]\naccept_user_records = true\n\n[sources.ebpf]\nwatch_devices = [\"/dev/null\"]\ninterval_secs = 1\n",
+    );
+    let c = Container::start(&image, true, &config, &scenario, &state);
+    let page = wait_metrics(port, &c, |m| {
+        m.contains("junction_source_up{junction_source=\"ebpf\"} 1")
+            && m.contains("junction_source_up{junction_source=\"kmsg\"} 1")
+            && m.matches("gpu_info{").count() == 4
+    });
+    let uuids = support::uuids(&parse(&page));
+
+    // Least privilege inside the container, on every thread.
+    let pid = c.pid();
+    let kept = format!("{:016x}", (1u64 << 2) | (1u64 << 19));
+    let start = Instant::now();
+    loop {
+        let statuses: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("tasks")
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+            .collect();
+        let all = statuses.iter().all(|s| {
+            s.contains(&format!("CapEff:\t{kept}"))
+                && s.contains(&format!("CapBnd:\t{kept}"))
+                && s.contains("NoNewPrivs:\t1")
+        });
+        if all && !statuses.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "capabilities not dropped:\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // A host workload, attributed by the BPF programs the container attached (host pids).
+    let w = ebpf::spawn_workload("basic", &uuids[1], 11);
+    ebpf::wait_pid_on(port, w.pid, "uvm_register_gpu", &|| c.logs());
+    w.finish();
+
+    // An XID written to the host's kernel log is counted on its GPU.
+    kmsg::kmsg_write(&[format!(
+        "NVRM: Xid (PCI:{d:04x}:1a:00): 48, pid=4242, name=trainer, An uncorrectable double bit error (DBE) has been detected on GPU"
+    )]);
+    // (The ring holds other tests' XIDs too, read at the first start: wait for this one.)
+    let mine = format!(
+        "gpu_xid_errors_total{{hw_id=\"{}\",gpu_xid=\"48\"",
+        uuids[2]
+    );
+    let page = wait_metrics(port, &c, |m| m.contains(&mine));
+    assert_eq!(
+        value(
+            &parse(&page),
+            "gpu_xid_errors_total",
+            &[("hw_id", &uuids[2]), ("gpu_xid", "48")]
+        ),
+        Some(1.0),
+        "{page}"
+    );
+
+    let (healthy, said) = c.healthcheck();
+    assert!(healthy, "HEALTHCHECK failed: {said}\n{}", c.logs());
+
+    assert_eq!(c.stop(), 0, "exit code after podman stop:\n{}", c.logs());
+    let logs = c.logs();
+    assert!(logs.contains("dropped every other capability"), "{logs}");
+    assert!(logs.contains("stopped"), "{logs}");
+    // The checkpoint was written to the state volume.
+    assert!(
+        std::fs::read_dir(&state).expect("state").next().is_some(),
+        "nothing in the state directory"
+    );
+}
+
+#[test]
+fn unprivileged_the_image_serves_nvml_says_why_the_rest_is_off_and_is_unhealthy() {
+    let Some(image) = image() else { return };
+    let port = support::free_port();
+    let (config, state) = files(port, "");
+    let scenario = support::scenario("h100-training.toml");
+    let c = Container::start(&image, false, &config, &scenario, &state);
+    let page = wait_metrics(port, &c, |m| {
+        m.contains("hw_gpu_memory_usage_bytes") && m.contains("junction_source=\"ebpf\"")
+    });
+    let s = parse(&page);
+    assert_eq!(
+        value(&s, "junction_source_up", &[("junction_source", "nvml")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&s, "junction_source_up", &[("junction_source", "ebpf")]),
+        Some(0.0)
+    );
+    let logs = c.logs();
+    assert!(
+        logs.contains("CAP_BPF"),
+        "the eBPF source names what it lacks:\n{logs}"
+    );
+    let (healthy, said) = c.healthcheck();
+    assert!(!healthy, "unhealthy while sources are down: {said}");
+    let out = podman()
+        .args(["exec", &c.name, "junction", "healthcheck"])
+        .output()
+        .expect("exec");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success() && said.contains("ebpf"), "{said}");
+    assert_eq!(c.stop(), 0, "{}", c.logs());
+}
