@@ -73,7 +73,23 @@ impl Container {
         scenario: &Path,
         state: &Path,
     ) -> Container {
-        let name = format!("junction-test-{}-{}", std::process::id(), privileged);
+        let how: &[&str] = if privileged {
+            &["--privileged", "--pid", "host"]
+        } else {
+            &[]
+        };
+        Container::start_with(image, how, config, scenario, state)
+    }
+
+    /// Starts the image with `how` (podman run options: privileges, namespaces, mounts).
+    fn start_with(
+        image: &str,
+        how: &[&str],
+        config: &Path,
+        scenario: &Path,
+        state: &Path,
+    ) -> Container {
+        let name = format!("junction-test-{}-{}", std::process::id(), how.len());
         let _ = podman().args(["rm", "-f", &name]).output();
         let lib = support::sim_lib("current");
         let mut c = podman();
@@ -84,9 +100,7 @@ impl Container {
                 "--ulimit",
                 "nproc=1024:1024",
             ]);
-        if privileged {
-            c.args(["--privileged", "--pid", "host"]);
-        }
+        c.args(how);
         c.arg("-v")
             .arg(format!(
                 "{}:/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1:ro",
@@ -328,5 +342,69 @@ fn unprivileged_the_image_serves_nvml_says_why_the_rest_is_off_and_is_unhealthy(
         .expect("exec");
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success() && said.contains("ebpf"), "{said}");
+    assert_eq!(c.stop(), 0, "{}", c.logs());
+}
+
+/// The DaemonSet's securityContext, reproduced with podman: not privileged, every capability
+/// dropped but the ones `config/kubernetes/daemonset.yaml` adds, no_new_privs, seccomp
+/// unconfined, a read-only root, /dev/kmsg as a device and the host paths it mounts.
+#[test]
+fn with_the_daemonsets_capabilities_alone_every_source_runs() {
+    let Some(image) = image() else { return };
+    if ebpf::cannot_run() {
+        return;
+    }
+    let caps = crate::deploy::daemonset_capabilities().join(",");
+    let port = support::free_port();
+    let (config, state) = files(
+        port,
+        "[sources.kmsg]\naccept_user_records = true\n\n[sources.ebpf]\nwatch_devices = [\"/dev/null\"]\ninterval_secs = 1\n",
+    );
+    let scenario = support::scenario("h100-training.toml");
+    let how = [
+        "--pid",
+        "host",
+        "--cap-drop",
+        "ALL",
+        "--cap-add",
+        caps.as_str(),
+        "--security-opt",
+        "no-new-privileges",
+        "--security-opt",
+        "seccomp=unconfined",
+        "--read-only",
+        "--device",
+        "/dev/kmsg:/dev/kmsg:r",
+        "-v",
+        "/sys/kernel/btf:/sys/kernel/btf:ro",
+        "-v",
+        "/sys/kernel/tracing:/sys/kernel/tracing:ro",
+        "-v",
+        "/sys/fs/cgroup:/sys/fs/cgroup:ro",
+    ];
+    let c = Container::start_with(&image, &how, &config, &scenario, &state);
+    let page = wait_metrics(port, &c, |m| {
+        m.contains("junction_source_up{junction_source=\"ebpf\"}")
+            && m.contains("junction_source_up{junction_source=\"kmsg\"}")
+            && m.contains("gpu_info{")
+    });
+    let s = parse(&page);
+    for source in ["nvml", "kmsg", "ebpf"] {
+        assert_eq!(
+            value(&s, "junction_source_up", &[("junction_source", source)]),
+            Some(1.0),
+            "{source} is down with {caps}:\n{}",
+            c.logs()
+        );
+    }
+    let uuids = support::uuids(&s);
+    let w = ebpf::spawn_workload("basic", &uuids[6], 12);
+    ebpf::wait_pid_on(
+        port,
+        w.pid,
+        "process_executable_name=\"nvworkload\"",
+        &|| c.logs(),
+    );
+    w.finish();
     assert_eq!(c.stop(), 0, "{}", c.logs());
 }

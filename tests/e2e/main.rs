@@ -6,6 +6,7 @@ mod support;
 mod bmc;
 mod config_errors;
 mod container;
+mod deploy;
 mod ebpf;
 mod faults;
 mod health;

@@ -110,7 +110,14 @@ pub fn bpf_toolchain() -> Result<String> {
 pub fn test_dependencies() -> Result<TestEnv> {
     // promtool comes with Debian's prometheus package; the IPMI simulator and the IPMI tools
     // Junction runs (FreeIPMI) and compares with (ipmitool).
-    apt(&["prometheus", "openipmi", "ipmitool", "freeipmi-tools"])?;
+    apt(&[
+        "prometheus",
+        "openipmi",
+        "ipmitool",
+        "freeipmi-tools",
+        // systemd-analyze verifies the unit file.
+        "systemd",
+    ])?;
     let venv = root().join("target/venv");
     let python = venv.join("bin/python");
     if !python.exists() {

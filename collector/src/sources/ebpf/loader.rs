@@ -80,7 +80,7 @@ pub enum LoadError {
     },
     /// Not allowed to load BPF.
     #[error(
-        "not allowed to load BPF programs ({0}): run as root, or grant CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE (in Kubernetes: a privileged container)"
+        "not allowed to load BPF programs ({0}): run as root, or grant CAP_BPF and CAP_PERFMON (and CAP_SYS_RESOURCE before Linux 5.11); in a container, the runtime's default seccomp profile allows bpf() and perf_event_open() only with CAP_SYS_ADMIN: run with seccomp unconfined, as config/kubernetes/daemonset.yaml does"
     )]
     Permission(String),
     /// tracefs is not mounted and could not be.
