@@ -10,9 +10,9 @@
 //!   (NVML's process list, eBPF's driver calls) of a process in a pod then carries
 //!   `k8s.namespace.name` and `k8s.pod.name` besides `k8s.pod.uid`.
 //!
-//! Off a Kubernetes node (no socket) the source stays quiet and reports nothing, so that the
-//! default configuration is right on every host; once the socket has been seen, a failed
-//! `List` marks the source down.
+//! Off a Kubernetes node (neither the socket nor the pod directory at start-up) the source does
+//! not run, so that the default configuration is right on every host; once the socket has been
+//! seen, a failed `List` marks the source down.
 
 pub mod proto;
 
@@ -29,8 +29,8 @@ use crate::model::{Metric, Model, Sample};
 config_section! {
     /// `[sources.kubernetes]`
     pub struct KubernetesConfig {
-        /// Read the kubelet's pod-resources socket and pod directory when they exist (nothing
-        /// is reported off Kubernetes).
+        /// Read the kubelet's pod-resources socket and pod directory when either exists at
+        /// start-up (off Kubernetes the source does not run and reports nothing).
         pub enabled: bool = true,
         /// The kubelet's pod-resources socket (mount it read-only into the container).
         pub pod_resources_socket: String = "/var/lib/kubelet/pod-resources/kubelet.sock".into(),
@@ -86,7 +86,14 @@ impl KubernetesConfig {
 /// The kubernetes source.
 pub const COMPONENT: Component = Component {
     name: "kubernetes",
-    enabled: |c| c.sources.kubernetes.enabled,
+    // Only on a Kubernetes node: the kubelet (which starts Junction's pod) has made its socket
+    // or pod directory by then.
+    enabled: |c| {
+        let k = &c.sources.kubernetes;
+        k.enabled
+            && (Path::new(&k.pod_resources_socket).exists()
+                || (!k.pod_logs_dir.is_empty() && Path::new(&k.pod_logs_dir).is_dir()))
+    },
     start: |c, ctx| Box::pin(start(c, ctx)),
     once: Some(|c, model| Box::pin(once(c, model))),
     inspect: None,
