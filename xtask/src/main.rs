@@ -2,6 +2,7 @@
 //! (installing what it needs) and the benchmarks.
 
 mod bench;
+mod demo;
 mod gpu_check;
 mod image;
 mod setup;
@@ -17,7 +18,9 @@ commands:
   build-ebpf        build the BPF programs (installs nightly rust-src, LLVM 22 and bpf-linker if missing)
   nvml-sim          build the NVML simulator library (one build per driver branch) and print its path
   docs              regenerate METRICS.md, docs/CONFIG.md and config/junction.toml
-  demo              run Junction on the simulated 8x H100 node: print the table, serve /metrics
+  demo [--for SECS] [--plain]
+                    the whole node: Junction on a simulated 8-GPU node, a Redfish CDU whose flow
+                    drops, an IPMI BMC, an ioctl workload, XIDs, an OTLP receiver; a live view
   test              install what the tests need, then run every check and test
   bench [--smoke]   measure CPU and memory per collection; writes BENCHMARKS.md (not with --smoke)
   image             build the container image with podman from the Dockerfile; prints its reference last
@@ -32,7 +35,8 @@ fn main() -> Result<()> {
         "build-ebpf" => build_ebpf().map(|p| println!("{}", p.display())),
         "nvml-sim" => nvml_sim().map(|p| println!("{}", p.display())),
         "docs" => docs(),
-        "demo" => demo(),
+        "demo" => demo::demo(demo::Options::parse(rest)?),
+        "demo-workload" => demo::workload::run(rest.first().map(String::as_str).unwrap_or("")),
         "test" => test(),
         "bench" => bench::run(rest.iter().any(|a| a == "--smoke")),
         "image" => image::build().map(|r| println!("{r}")),
@@ -199,26 +203,6 @@ pub fn sim_config(listen: &str, interval_secs: u64) -> String {
         }
     }
     s
-}
-
-fn demo() -> Result<()> {
-    nvml_sim()?;
-    run(cargo().args(["build", "--quiet", "-p", "junction"]))?;
-    let dir = root().join("target/demo");
-    std::fs::create_dir_all(&dir)?;
-    let config = dir.join("junction.toml");
-    std::fs::write(&config, sim_config("127.0.0.1:9474", 5))?;
-    let scenario = root().join("tests/scenarios/h100-training.toml");
-    let bin = root().join("target/debug/junction");
-    let config = config.display().to_string();
-    println!("Simulated node: {}\n", scenario.display());
-    run(Command::new(&bin)
-        .env("JUNCTION_NVML_SIM_SCENARIO", &scenario)
-        .args(["--config", &config, "once"]))?;
-    println!("\nServing http://127.0.0.1:9474/metrics (Ctrl-C to stop)");
-    run(Command::new(&bin)
-        .env("JUNCTION_NVML_SIM_SCENARIO", &scenario)
-        .args(["--config", &config, "run"]))
 }
 
 fn test() -> Result<()> {

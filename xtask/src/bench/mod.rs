@@ -15,7 +15,7 @@ use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 mod bmc;
 mod ebpf;
 mod kmsg;
-mod otlp;
+pub(crate) mod otlp;
 
 /// One benchmark row: label, scenario, GPUs, port, scraped, OTLP compression (none: no OTLP).
 type Row = (

@@ -20,9 +20,17 @@ pub struct Sink {
     counts: Arc<Mutex<BTreeMap<String, Counts>>>,
 }
 
+/// What to do with each request body besides counting it: `(path, gzip, body)`.
+pub type Handler = Arc<dyn Fn(&str, bool, &[u8]) + Send + Sync>;
+
 impl Sink {
     /// Listens on a free loopback port.
     pub fn start() -> std::io::Result<Sink> {
+        Sink::start_with(None)
+    }
+
+    /// Listens on a free loopback port and hands every body to `handler`.
+    pub fn start_with(handler: Option<Handler>) -> std::io::Result<Sink> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let counts: Arc<Mutex<BTreeMap<String, Counts>>> = Arc::default();
@@ -30,8 +38,9 @@ impl Sink {
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
                 let c = c.clone();
+                let h = handler.clone();
                 std::thread::spawn(move || {
-                    let _ = serve(conn, &c);
+                    let _ = serve(conn, &c, h.as_ref());
                 });
             }
         });
@@ -51,6 +60,7 @@ impl Sink {
 fn serve(
     conn: std::net::TcpStream,
     counts: &Mutex<BTreeMap<String, Counts>>,
+    handler: Option<&Handler>,
 ) -> std::io::Result<()> {
     let mut out = conn.try_clone()?;
     let mut r = BufReader::new(conn);
@@ -65,6 +75,7 @@ fn serve(
             .unwrap_or_default()
             .to_string();
         let mut len = 0usize;
+        let mut gzip = false;
         loop {
             let mut h = String::new();
             if r.read_line(&mut h)? == 0 {
@@ -79,9 +90,17 @@ fn serve(
             {
                 len = v.trim().parse().unwrap_or(0);
             }
+            if let Some((k, v)) = h.split_once(':')
+                && k.eq_ignore_ascii_case("content-encoding")
+            {
+                gzip = v.trim().eq_ignore_ascii_case("gzip");
+            }
         }
         let mut body = vec![0u8; len];
         r.read_exact(&mut body)?;
+        if let Some(h) = handler {
+            h(&path, gzip, &body);
+        }
         if let Ok(mut c) = counts.lock() {
             let e = c.entry(path).or_default();
             e.requests += 1;

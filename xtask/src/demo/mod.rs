@@ -1,0 +1,982 @@
+//! `cargo xtask demo`: the whole node on a machine without a GPU, a BMC or a collector.
+//!
+//! Started, besides Junction on the simulated 8x H100 node (one GPU's HBM climbing toward its
+//! limit): a coolant distribution unit over Redfish (`sushy-static` serving DMTF's CDU mockup,
+//! whose secondary-loop flow the demo lowers through its thresholds), a BMC over IPMI
+//! (`ipmi_sim`, read with FreeIPMI), a workload (`trainer`) that issues NVIDIA-shaped ioctls on
+//! a watched device from a Docker-named cgroup, XID lines written to the kernel log (one per
+//! category, one from a MIG instance), and an OTLP receiver that writes what it gets to
+//! `target/demo/otlp.log`. Parts that need root (eBPF, `/dev/kmsg`, cgroups) or a tool that is
+//! missing say so and are skipped; the rest runs.
+//!
+//! `--for SECS` stops after that long and prints what each part showed (`demo check:` lines);
+//! `--plain` prints the view without redrawing the screen. Ctrl-C (SIGINT) or SIGTERM stops
+//! everything it started.
+
+mod receiver;
+pub mod workload;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{build_ebpf, cargo, nvml_sim, root, run};
+
+/// How the demo runs.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// Stop after this long (non-interactive).
+    pub secs: Option<u64>,
+    /// Print each view instead of redrawing the screen.
+    pub plain: bool,
+    /// Use the binaries already built (the tests: nothing is rebuilt under running tests).
+    pub no_build: bool,
+    /// Where Junction serves `/metrics`.
+    pub listen: String,
+}
+
+impl Options {
+    /// `--for SECS`, `--plain`.
+    pub fn parse(args: &[String]) -> Result<Options> {
+        let mut o = Options {
+            listen: "127.0.0.1:9474".into(),
+            ..Options::default()
+        };
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--for" => {
+                    let v = it.next().context("--for needs seconds")?;
+                    o.secs = Some(v.parse().context("--for SECS")?);
+                }
+                "--plain" => o.plain = true,
+                "--no-build" => o.no_build = true,
+                "--listen" => o.listen = it.next().context("--listen needs HOST:PORT")?.clone(),
+                other => bail!(
+                    "unknown demo option {other:?} (use --for SECS, --plain, --no-build, --listen HOST:PORT)"
+                ),
+            }
+        }
+        Ok(o)
+    }
+}
+
+const BUSES: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+/// The GPU the workload registers.
+const WORKLOAD_GPU: usize = 0;
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// A process the demo started: stopped (SIGTERM, then SIGKILL) when dropped.
+struct Started {
+    name: &'static str,
+    child: Child,
+}
+
+impl Started {
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        // Closing stdin ends the workload; SIGTERM the others.
+        drop(self.child.stdin.take());
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port(udp: bool) -> u16 {
+    if udp {
+        std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .map_or(0, |a| a.port())
+    } else {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .map_or(0, |a| a.port())
+    }
+}
+
+fn tool(name: &str, also: &[PathBuf]) -> Option<PathBuf> {
+    also.iter().find(|p| p.exists()).cloned().or_else(|| {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .flat_map(|d| [d.join(name)])
+                .find(|p| p.exists())
+        })
+    })
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    let (head, rest) = body.split_once("\r\n\r\n")?;
+    (head.split_whitespace().nth(1) == Some("200")).then(|| rest.to_string())
+}
+
+/// One Prometheus sample.
+struct Series {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+fn parse(text: &str) -> Vec<Series> {
+    let mut out = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (head, value) = match line.rsplit_once(' ') {
+            Some(x) => x,
+            None => continue,
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let (name, labels) = match head.split_once('{') {
+            Some((n, rest)) => (n, rest.trim_end_matches('}')),
+            None => (head, ""),
+        };
+        let mut map = BTreeMap::new();
+        let mut rest = labels;
+        while let Some((k, v)) = rest.split_once("=\"") {
+            let mut end = 0;
+            let bytes = v.as_bytes();
+            while end < bytes.len()
+                && !(bytes[end] == b'"' && (end == 0 || bytes[end - 1] != b'\\'))
+            {
+                end += 1;
+            }
+            map.insert(k.trim_start_matches(',').to_string(), v[..end].to_string());
+            rest = v.get(end + 1..).unwrap_or("");
+        }
+        out.push(Series {
+            name: name.to_string(),
+            labels: map,
+            value,
+        });
+    }
+    out
+}
+
+fn find<'a>(s: &'a [Series], name: &str, want: &[(&str, &str)]) -> Vec<&'a Series> {
+    s.iter()
+        .filter(|x| {
+            x.name == name
+                && want
+                    .iter()
+                    .all(|(k, v)| x.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .collect()
+}
+
+fn one(s: &[Series], name: &str, want: &[(&str, &str)]) -> Option<f64> {
+    find(s, name, want).first().map(|x| x.value)
+}
+
+/// What the demo's parts showed, for `--for` and the test.
+#[derive(Default)]
+struct Shown {
+    forecast: Option<String>,
+    workload: Option<String>,
+    xids: BTreeMap<u32, String>,
+    coolant_alarm: Option<String>,
+}
+
+/// The CDU mockup copy whose secondary-loop flow the demo lowers.
+struct Cdu {
+    dir: PathBuf,
+}
+
+impl Cdu {
+    const SENSOR: &'static str = "Chassis/CDU/Sensors/SecondaryFlow/index.json";
+    const CONNECTOR: &'static str =
+        "ThermalEquipment/CDUs/1/SecondaryCoolantConnectors/1/index.json";
+
+    fn prepare(dir: &Path) -> Result<Cdu> {
+        let from = root().join("tests/fixtures/redfish/dmtf-public-cooling-unit");
+        let _ = std::fs::remove_dir_all(dir);
+        copy_tree(&from, dir)?;
+        let cdu = Cdu {
+            dir: dir.to_path_buf(),
+        };
+        cdu.set_flow(42.0)?;
+        Ok(cdu)
+    }
+
+    /// Writes the flow reading (and its thresholds: caution below 30, critical below 20).
+    fn set_flow(&self, lpm: f64) -> Result<()> {
+        let path = self.dir.join(Self::SENSOR);
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        v["Reading"] = serde_json::json!(lpm);
+        v["Thresholds"] = serde_json::json!({
+            "LowerCaution": { "Reading": 30.0 },
+            "LowerCritical": { "Reading": 20.0 }
+        });
+        let health = if lpm < 20.0 {
+            "Critical"
+        } else if lpm < 30.0 {
+            "Warning"
+        } else {
+            "OK"
+        };
+        v["Status"]["Health"] = serde_json::json!(health);
+        write_atomic(&path, &serde_json::to_string_pretty(&v)?)?;
+        let path = self.dir.join(Self::CONNECTOR);
+        let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        c["FlowLitersPerMinute"]["Reading"] = serde_json::json!(lpm);
+        write_atomic(&path, &serde_json::to_string_pretty(&c)?)
+    }
+}
+
+fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)?.flatten() {
+        let p = e.path();
+        let dest = to.join(e.file_name());
+        if p.is_dir() {
+            copy_tree(&p, &dest)?;
+        } else {
+            std::fs::copy(&p, &dest)?;
+        }
+    }
+    Ok(())
+}
+
+fn wait_port(port: u16, path: &str, child: &mut Child, what: &str) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if http_get(port, path).is_some() {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            bail!("{what} exited: {st}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("{what} did not answer on port {port}")
+}
+
+/// The unified cgroup hierarchy's mount point.
+fn cgroup2_root() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .find(|l| {
+            l.split(" - ")
+                .nth(1)
+                .is_some_and(|r| r.starts_with("cgroup2 "))
+        })
+        .and_then(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+}
+
+fn kmsg_write(lines: &[String]) -> Result<()> {
+    for l in lines {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/kmsg")
+            .context("open /dev/kmsg")?;
+        f.write_all(format!("{l}\n").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The XID lines, one per category and one from a MIG instance: (GPU index, code, line).
+fn xid_lines(domain: u32, pid: Option<u32>) -> Vec<(usize, u32, String)> {
+    let pci = |i: usize| format!("{domain:04x}:{:02x}:00", BUSES[i]);
+    let who = match pid {
+        Some(p) => format!("pid={p}, name=trainer"),
+        None => "pid=4242, name=python3".to_string(),
+    };
+    vec![
+        (
+            0,
+            13,
+            format!(
+                "NVRM: Xid (PCI:{}): 13, {who}, Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address",
+                pci(0)
+            ),
+        ),
+        (
+            1,
+            31,
+            format!(
+                "NVRM: Xid (PCI:{} GPU-I:03): 31, pid=5151, name=infer, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f12_34560000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+                pci(1)
+            ),
+        ),
+        (
+            2,
+            48,
+            format!(
+                "NVRM: Xid (PCI:{}): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 2, subpartition 0.",
+                pci(2)
+            ),
+        ),
+        (
+            3,
+            119,
+            format!(
+                "NVRM: Xid (PCI:{}): 119, pid=6262, name=trainer, Timeout after 6s of waiting for RPC response from GPU3 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20800a4c 0x4).",
+                pci(3)
+            ),
+        ),
+        (
+            6,
+            63,
+            format!(
+                "NVRM: Xid (PCI:{}): 63, pid='<unknown>', name=<unknown>, Row Remapping: New row (0x00000000000c1f20) was marked for remapping",
+                pci(6)
+            ),
+        ),
+    ]
+}
+
+fn config(
+    dir: &Path,
+    root_parts: bool,
+    bpf: bool,
+    redfish: Option<u16>,
+    ipmi: Option<u16>,
+    otlp: u16,
+    listen: &str,
+) -> String {
+    let lib = root().join("target/nvml-sim/current/libnvidia-ml.so.1");
+    let mut c = format!(
+        "state_dir = {:?}\n\n[sources.nvml]\nlibrary = {:?}\n",
+        dir.join("state").display().to_string(),
+        lib.display().to_string()
+    );
+    for g in [
+        "utilization",
+        "memory",
+        "power",
+        "temperature",
+        "processes",
+        "errors",
+    ] {
+        c.push_str(&format!("[sources.nvml.groups.{g}]\ninterval_secs = 2\n"));
+    }
+    if root_parts {
+        c.push_str("\n[sources.kmsg]\naccept_user_records = true\n");
+    } else {
+        c.push_str("\n[sources.kmsg]\nenabled = false\n");
+    }
+    if bpf {
+        c.push_str("\n[sources.ebpf]\nwatch_devices = [\"/dev/null\"]\ninterval_secs = 1\n");
+    } else {
+        c.push_str("\n[sources.ebpf]\nenabled = false\n");
+    }
+    if let Some(port) = redfish {
+        c.push_str(&format!(
+            "\n[[sources.redfish.targets]]\nname = \"cdu\"\nurl = \"http://127.0.0.1:{port}\"\ninterval_secs = 2\ntimeout_secs = 5\n"
+        ));
+    }
+    if let Some(port) = ipmi {
+        c.push_str(&format!(
+            "\n[[sources.ipmi.targets]]\nname = \"bmc\"\nhost = \"127.0.0.1\"\nport = {port}\nusername = \"monitor\"\npassword_env = \"JUNCTION_DEMO_IPMI_PASSWORD\"\nworkaround_flags = \"opensesspriv\"\ninterval_secs = 5\n"
+        ));
+    }
+    c.push_str(&format!(
+        "\n[health]\ninterval_secs = 1\nforecast_window_secs = 20\nforecast_horizon_secs = 120\nforecast_persist = 3\n\n[sinks.prometheus]\nlisten = {listen:?}\n\n[sinks.otlp]\nenabled = true\nendpoint = \"http://127.0.0.1:{otlp}\"\nprotocol = \"http/protobuf\"\ninterval_secs = 5\n"
+    ));
+    c
+}
+
+fn short(uuid: &str) -> String {
+    if uuid.len() > 12 {
+        format!("{}…{}", &uuid[..8], &uuid[uuid.len() - 4..])
+    } else {
+        uuid.to_string()
+    }
+}
+
+/// Renders the live view from one scrape and what the receiver got; records what was shown.
+fn view(
+    page: &str,
+    seen: &receiver::Seen,
+    t: f64,
+    listen: &str,
+    notes: &[String],
+    shown: &mut Shown,
+) -> String {
+    let s = parse(page);
+    let mut out = String::new();
+    let mut gpus: Vec<(u32, String)> = find(&s, "gpu_info", &[])
+        .iter()
+        .filter_map(|x| {
+            Some((
+                x.labels.get("gpu_index")?.parse().ok()?,
+                x.labels.get("hw_id")?.clone(),
+            ))
+        })
+        .collect();
+    gpus.sort();
+    out.push_str(&format!(
+        "Junction demo · {} simulated GPUs · t = {t:.0} s · Ctrl-C stops everything\n\n",
+        gpus.len()
+    ));
+    out.push_str(
+        "GPU  UUID           util   HBM °C  die °C  health             reasons / forecast\n",
+    );
+    for (i, id) in &gpus {
+        let h = [("hw_id", id.as_str())];
+        let util = one(
+            &s,
+            "hw_gpu_utilization_ratio",
+            &[h[0], ("hw_gpu_task", "general")],
+        );
+        let hbm = one(
+            &s,
+            "hw_temperature_celsius",
+            &[h[0], ("hw_sensor_location", "memory_junction")],
+        );
+        let die = one(
+            &s,
+            "hw_temperature_celsius",
+            &[h[0], ("hw_sensor_location", "gpu_die")],
+        );
+        let state = find(&s, "hw_status", &h)
+            .iter()
+            .find(|x| x.value == 1.0)
+            .and_then(|x| x.labels.get("hw_state").cloned())
+            .unwrap_or_else(|| "-".into());
+        let mut reasons: Vec<String> = find(&s, "gpu_health_reason", &h)
+            .iter()
+            .filter(|x| x.value == 1.0)
+            .filter_map(|x| x.labels.get("gpu_health_reason").cloned())
+            .collect();
+        if let Some(secs) = one(
+            &s,
+            "gpu_temperature_time_to_threshold_seconds",
+            &[h[0], ("hw_sensor_location", "memory_junction")],
+        ) {
+            let f = format!("HBM reaches its limit in {secs:.0} s");
+            if shown.forecast.is_none() {
+                shown.forecast = Some(format!("GPU {i} {f} (at t = {t:.0} s)"));
+            }
+            reasons.push(f);
+        }
+        let f = |v: Option<f64>, scale: f64| v.map_or("-".into(), |v| format!("{:.0}", v * scale));
+        out.push_str(&format!(
+            "{i:<4} {:<14} {:>4}%  {:>6}  {:>6}  {:<18} {}\n",
+            short(id),
+            f(util, 100.0),
+            hbm.map_or("-".into(), |v| format!("{v:.1}")),
+            f(die, 1.0),
+            state,
+            reasons.join(", ")
+        ));
+    }
+
+    out.push_str("\nProcesses seen by eBPF (driver calls on the GPU device)\n");
+    let procs = find(&s, "gpu_process_driver_memory_usage_bytes", &[]);
+    if procs.is_empty() {
+        out.push_str("  (none yet)\n");
+    }
+    for p in &procs {
+        let l = |k: &str| p.labels.get(k).cloned().unwrap_or_else(|| "-".into());
+        let pid = l("process_pid");
+        let calls: f64 = find(
+            &s,
+            "gpu_process_driver_calls_total",
+            &[("process_pid", &pid)],
+        )
+        .iter()
+        .map(|x| x.value)
+        .sum();
+        let gpu = gpus
+            .iter()
+            .find(|(_, id)| *id == l("hw_id"))
+            .map_or("-".to_string(), |(i, _)| i.to_string());
+        let container = l("container_id");
+        let line = format!(
+            "  pid {pid:<7} {:<10} container {:<14} GPU {gpu}  {:.0} MiB live, {calls:.0} driver calls",
+            l("process_executable_name"),
+            short(&container),
+            p.value / 1048576.0
+        );
+        if shown.workload.is_none() && l("process_executable_name") == "trainer" {
+            shown.workload = Some(line.trim().to_string());
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+
+    out.push_str("\nXID errors (counted from the kernel log; events arrive over OTLP)\n");
+    let xids = find(&s, "gpu_xid_errors_total", &[]);
+    let mut any = false;
+    for x in &xids {
+        let id = x.labels.get("hw_id").cloned().unwrap_or_default();
+        let Some((i, _)) = gpus.iter().find(|(_, g)| *g == id) else {
+            continue;
+        };
+        any = true;
+        let code: u32 = x
+            .labels
+            .get("gpu_xid")
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let line = format!(
+            "GPU {i}  Xid {code:<4} {:<13} x{:.0}",
+            x.labels
+                .get("gpu_xid_category")
+                .cloned()
+                .unwrap_or_default(),
+            x.value
+        );
+        shown.xids.entry(code).or_insert_with(|| line.clone());
+        out.push_str(&format!("  {line}\n"));
+    }
+    if !any {
+        out.push_str("  (none yet)\n");
+    }
+    for l in seen
+        .recent_logs
+        .iter()
+        .filter(|l| l.contains("gpu.xid"))
+        .rev()
+        .take(3)
+    {
+        out.push_str(&format!(
+            "  otlp: {}\n",
+            l.chars().take(150).collect::<String>()
+        ));
+    }
+
+    out.push_str("\nCoolant loop (CDU over Redfish) and board sensors (BMC over IPMI)\n");
+    let flows = find(&s, "cooling_flow_liters_per_minute", &[]);
+    let flows = if flows.is_empty() {
+        s.iter()
+            .filter(|x| x.name.starts_with("cooling_flow"))
+            .collect()
+    } else {
+        flows
+    };
+    for fl in flows.iter().take(4) {
+        let name = fl.labels.get("hw_name").cloned().unwrap_or_default();
+        let target = fl
+            .labels
+            .get("junction_target")
+            .cloned()
+            .unwrap_or_default();
+        out.push_str(&format!("  {target}/{name}: {:.1} L/min\n", fl.value));
+    }
+    for st in find(&s, "bmc_sensor_state", &[])
+        .iter()
+        .filter(|x| x.value == 1.0)
+    {
+        let state = st
+            .labels
+            .get("bmc_sensor_state")
+            .cloned()
+            .unwrap_or_default();
+        if state == "ok" {
+            continue;
+        }
+        let name = st.labels.get("hw_name").cloned().unwrap_or_default();
+        let line = format!("{name} is {state}");
+        if name.to_lowercase().contains("flow")
+            && (shown.coolant_alarm.is_none() || state == "critical")
+            && !shown
+                .coolant_alarm
+                .as_deref()
+                .is_some_and(|a| a.contains("critical"))
+        {
+            shown.coolant_alarm = Some(format!("{line} (at t = {t:.0} s)"));
+        }
+        out.push_str(&format!("  ALARM: {line}\n"));
+    }
+    let ipmi: Vec<&Series> = s
+        .iter()
+        .filter(|x| {
+            x.labels.get("junction_target").map(String::as_str) == Some("bmc")
+                && x.name == "hw_temperature_celsius"
+        })
+        .collect();
+    for x in ipmi.iter().take(3) {
+        out.push_str(&format!(
+            "  bmc/{}: {:.0} °C\n",
+            x.labels.get("hw_name").cloned().unwrap_or_default(),
+            x.value
+        ));
+    }
+
+    out.push_str(&format!(
+        "\nOTLP receiver: {} metric exports ({} points in the last), {} log records\n",
+        seen.metric_exports, seen.last_points, seen.log_records
+    ));
+    out.push_str(&format!(
+        "/metrics: http://{listen}/metrics · OTLP output: target/demo/otlp.log · Junction log: target/demo/junction.log\n\
+         dashboards: config/grafana/*.json (import into Grafana with a Prometheus scraping /metrics)\n"
+    ));
+    for n in notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out
+}
+
+/// `cargo xtask demo [--for SECS] [--plain]`.
+pub fn demo(opts: Options) -> Result<()> {
+    // SAFETY: installing async-signal-safe handlers that only store to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let dir = root().join("target/demo");
+    std::fs::create_dir_all(&dir)?;
+    let _ = std::fs::remove_dir_all(dir.join("state"));
+    let mut notes: Vec<String> = Vec::new();
+    // SAFETY: geteuid has no preconditions.
+    let is_root = unsafe { libc::geteuid() } == 0;
+
+    let bpf_object = root().join("collector-ebpf/target/bpfel-unknown-none/release/junction-ebpf");
+    if !opts.no_build {
+        println!("building the NVML simulator and Junction …");
+        nvml_sim()?;
+    }
+    let bpf = if !is_root {
+        notes.push("eBPF attribution, the kernel log and the workload's cgroup need root: skipped (run as root to see them)".into());
+        false
+    } else if opts.no_build {
+        bpf_object.exists()
+    } else {
+        match build_ebpf() {
+            Ok(_) => true,
+            Err(e) => {
+                notes.push(format!(
+                    "eBPF attribution skipped: the BPF programs do not build here ({e:#})"
+                ));
+                false
+            }
+        }
+    };
+    if !opts.no_build {
+        run(cargo().args(["build", "--quiet", "-p", "junction"]))?;
+    }
+    let junction = root().join("target/debug/junction");
+
+    let mut started: Vec<Started> = Vec::new();
+    let receiver = receiver::Receiver::start(&dir.join("otlp.log"))?;
+
+    // The CDU over Redfish.
+    let venv = root().join("target/venv/bin");
+    let cdu = Cdu::prepare(&dir.join("redfish"))?;
+    let redfish = match tool("sushy-static", &[venv.join("sushy-static")]) {
+        Some(sushy) => {
+            let port = free_port(false);
+            let mut child = Command::new(sushy)
+                .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
+                .arg(&cdu.dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join("sushy-static.log"))?)
+                .spawn()
+                .context("start sushy-static")?;
+            match wait_port(port, "/redfish/v1/", &mut child, "sushy-static") {
+                Ok(()) => {
+                    started.push(Started {
+                        name: "sushy-static",
+                        child,
+                    });
+                    Some(port)
+                }
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    notes.push(format!("the Redfish CDU is skipped: {e:#}"));
+                    None
+                }
+            }
+        }
+        None => {
+            notes.push("the Redfish CDU is skipped: sushy-static is not installed (`cargo xtask test` makes target/venv with it)".into());
+            None
+        }
+    };
+
+    // The BMC over IPMI.
+    let ipmi = match (
+        tool("ipmi_sim", &[]),
+        tool("ipmi-sensors", &[PathBuf::from("/usr/sbin/ipmi-sensors")]),
+    ) {
+        (Some(sim), Some(_)) => {
+            let port = free_port(true);
+            let console = free_port(false);
+            let fixtures = root().join("tests/fixtures/ipmi");
+            let lan = std::fs::read_to_string(fixtures.join("lan.conf"))?
+                .replace("addr 127.0.0.1 9001", &format!("addr 127.0.0.1 {port}"))
+                .replace(
+                    "console 127.0.0.1 9000",
+                    &format!("console 127.0.0.1 {console}"),
+                );
+            let ipmi_dir = dir.join("ipmi");
+            std::fs::create_dir_all(ipmi_dir.join("state"))?;
+            std::fs::write(ipmi_dir.join("lan.conf"), lan)?;
+            let child = Command::new(sim)
+                .arg("-c")
+                .arg(ipmi_dir.join("lan.conf"))
+                .arg("-f")
+                .arg(fixtures.join("sim2.emu"))
+                .arg("-s")
+                .arg(ipmi_dir.join("state"))
+                .arg("-n")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(ipmi_dir.join("ipmi_sim.log"))?)
+                .spawn()
+                .context("start ipmi_sim")?;
+            started.push(Started {
+                name: "ipmi_sim",
+                child,
+            });
+            Some(port)
+        }
+        _ => {
+            notes.push("the IPMI BMC is skipped: ipmi_sim (openipmi) or ipmi-sensors (freeipmi-tools) is not installed".into());
+            None
+        }
+    };
+
+    // The node: the demo scenario on a PCI domain of this run's own.
+    let domain = 0x100 + std::process::id() % 0xe000;
+    let scenario = dir.join("node.toml");
+    std::fs::write(
+        &scenario,
+        std::fs::read_to_string(root().join("tests/scenarios/demo.toml"))?
+            .replace(
+                "base = \"h100-training.toml\"",
+                &format!(
+                    "base = {:?}",
+                    root()
+                        .join("tests/scenarios/h100-training.toml")
+                        .display()
+                        .to_string()
+                ),
+            )
+            .replace("0x0de0", &format!("{domain:#06x}")),
+    )?;
+    let config_path = dir.join("junction.toml");
+    std::fs::write(
+        &config_path,
+        config(
+            &dir,
+            is_root,
+            bpf,
+            redfish,
+            ipmi,
+            receiver.port,
+            &opts.listen,
+        ),
+    )?;
+    let mut child = Command::new(&junction)
+        .env("JUNCTION_NVML_SIM_SCENARIO", &scenario)
+        .env("JUNCTION_DEMO_IPMI_PASSWORD", "monpass")
+        .arg("--config")
+        .arg(&config_path)
+        .arg("run")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("junction.log"))?)
+        .spawn()
+        .context("start junction")?;
+    let port: u16 = opts
+        .listen
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(9474);
+    if let Err(e) = wait_port(port, "/metrics", &mut child, "junction") {
+        let log = std::fs::read_to_string(dir.join("junction.log")).unwrap_or_default();
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("{e:#}\n{log}");
+    }
+    started.push(Started {
+        name: "junction",
+        child,
+    });
+    let t0 = Instant::now();
+    let uuids: Vec<String> = {
+        let page = http_get(port, "/metrics").unwrap_or_default();
+        let s = parse(&page);
+        let mut g: Vec<(u32, String)> = find(&s, "gpu_info", &[])
+            .iter()
+            .filter_map(|x| {
+                Some((
+                    x.labels.get("gpu_index")?.parse().ok()?,
+                    x.labels.get("hw_id")?.clone(),
+                ))
+            })
+            .collect();
+        g.sort();
+        g.into_iter().map(|(_, u)| u).collect()
+    };
+
+    // The workload, in a cgroup named like a Docker container's.
+    let mut cgroup_dir = None;
+    let mut workload_pid = None;
+    if bpf && let Some(uuid) = uuids.get(WORKLOAD_GPU) {
+        let exe = dir.join("trainer");
+        let _ = std::fs::remove_file(&exe);
+        std::fs::copy(std::env::current_exe()?, &exe)?;
+        let mut cmd = Command::new(&exe);
+        cmd.args(["demo-workload", uuid])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(cg) = cgroup2_root() {
+            let id = format!("de0de0{}00", "7a11".repeat(14));
+            let d = cg
+                .join("junction-demo.slice")
+                .join(format!("docker-{id}.scope"));
+            if std::fs::create_dir_all(&d).is_ok() {
+                cmd.env("JUNCTION_DEMO_CGROUP", d.join("cgroup.procs"));
+                cgroup_dir = Some(d);
+            }
+        }
+        let child = cmd.spawn().context("start the workload")?;
+        workload_pid = Some(child.id());
+        started.push(Started {
+            name: "trainer (workload)",
+            child,
+        });
+    }
+
+    let schedule = if is_root {
+        xid_lines(domain, workload_pid)
+    } else {
+        Vec::new()
+    };
+    let mut next_xid = 0;
+    let mut shown = Shown::default();
+    let mut last_view = Instant::now() - Duration::from_secs(60);
+    let refresh = if opts.plain {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(2)
+    };
+    let mut flow = 42.0;
+    let mut last_flow = Instant::now();
+    loop {
+        let t = t0.elapsed().as_secs_f64();
+        if STOP.load(Ordering::SeqCst) || opts.secs.is_some_and(|s| t >= s as f64) {
+            break;
+        }
+        // One XID every 4 s from t = 8 s.
+        if let Some((_, _, line)) = schedule.get(next_xid)
+            && t >= 8.0 + 4.0 * next_xid as f64
+        {
+            next_xid += 1;
+            if let Err(e) = kmsg_write(std::slice::from_ref(line)) {
+                notes.push(format!("cannot write the kernel log: {e:#}"));
+                next_xid = schedule.len();
+            }
+        }
+        // From t = 10 s the coolant flow falls 1 L/min a second, to 12 L/min.
+        if redfish.is_some()
+            && t >= 10.0
+            && flow > 12.0
+            && last_flow.elapsed() >= Duration::from_secs(1)
+        {
+            flow -= 1.0;
+            last_flow = Instant::now();
+            if let Err(e) = cdu.set_flow(flow) {
+                notes.push(format!("cannot update the CDU mockup: {e:#}"));
+            }
+        }
+        if last_view.elapsed() >= refresh {
+            last_view = Instant::now();
+            let page = http_get(port, "/metrics").unwrap_or_default();
+            let text = view(&page, &receiver.seen(), t, &opts.listen, &notes, &mut shown);
+            if opts.plain {
+                println!("{text}{}", "-".repeat(100));
+            } else {
+                print!("\x1b[H\x1b[2J{text}");
+            }
+            let _ = std::io::stdout().flush();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Stop everything, the agent first (its last export), then the rest.
+    let mut pids = Vec::new();
+    for s in started.iter_mut().rev() {
+        pids.push(format!("{}={}", s.name, s.child.id()));
+        s.stop();
+    }
+    drop(started);
+    if let Some(d) = cgroup_dir {
+        let _ = std::fs::remove_dir(&d);
+        if let Some(p) = d.parent() {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+    let seen = receiver.seen();
+    if opts.secs.is_some() {
+        let say = |what: &str, v: Option<&String>| {
+            println!(
+                "demo check: {what}: {}",
+                v.map_or("NOT SEEN".to_string(), |v| format!("seen: {v}"))
+            );
+        };
+        say("forecast", shown.forecast.as_ref());
+        say("workload", shown.workload.as_ref());
+        for (_, code, _) in xid_lines(domain, workload_pid) {
+            say(&format!("xid {code}"), shown.xids.get(&code));
+        }
+        say("coolant alarm", shown.coolant_alarm.as_ref());
+        let otlp = (seen.metric_exports > 0 && seen.log_records > 0).then(|| {
+            format!(
+                "{} metric exports, {} log records",
+                seen.metric_exports, seen.log_records
+            )
+        });
+        say("otlp", otlp.as_ref());
+        println!("demo started: {}", pids.join(" "));
+        for n in &notes {
+            println!("demo note: {n}");
+        }
+    }
+    println!("demo stopped: everything it started has exited");
+    Ok(())
+}
