@@ -570,10 +570,11 @@ fn view(
     if !any {
         out.push_str("  (none yet)\n");
     }
+    // (A first start reads the whole kernel ring: earlier runs' lines name GPUs by PCI address.)
     for l in seen
         .recent_logs
         .iter()
-        .filter(|l| l.contains("gpu.xid"))
+        .filter(|l| l.contains("gpu.xid") && l.contains("hw.id=GPU-"))
         .rev()
         .take(3)
     {
