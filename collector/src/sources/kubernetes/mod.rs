@@ -246,7 +246,12 @@ struct State {
 async fn poll(cfg: &KubernetesConfig, model: &Model, state: &mut State) {
     // Pod names first: they do not need the kubelet to answer.
     if !cfg.pod_logs_dir.is_empty() {
-        match pod_names(Path::new(&cfg.pod_logs_dir)) {
+        // Directory reads are blocking I/O: off the async workers.
+        let dir = PathBuf::from(&cfg.pod_logs_dir);
+        let read = tokio::task::spawn_blocking(move || pod_names(&dir))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        match read {
             Ok(names) => {
                 state.names_error = None;
                 model.processes.set_pod_names(names);
