@@ -163,9 +163,11 @@ impl Container {
         )
     }
 
-    /// `podman stop`, then the exit code.
+    /// `podman stop`, then the exit code. The stop timeout (after which podman kills, exit 137)
+    /// is 10 s: the agent's shutdown deadline is 3 s for the sources and 3 s for the sinks, so
+    /// exit 0 means it stopped within it (plus podman's own margin).
     fn stop(&self) -> i64 {
-        run(podman().args(["stop", "-t", "20", &self.name]));
+        run(podman().args(["stop", "-t", "10", &self.name]));
         let out = run(podman().args(["inspect", "-f", "{{.State.ExitCode}}", &self.name]));
         String::from_utf8_lossy(&out.stdout)
             .trim()
@@ -333,6 +335,10 @@ fn unprivileged_the_image_serves_nvml_says_why_the_rest_is_off_and_is_unhealthy(
     assert!(
         logs.contains("CAP_BPF"),
         "the eBPF source names what it lacks:\n{logs}"
+    );
+    assert!(
+        logs.contains("cannot open the kernel log") && logs.contains("mount the host's /dev/kmsg"),
+        "the kernel-log source says why it is off:\n{logs}"
     );
     let (healthy, said) = c.healthcheck();
     assert!(!healthy, "unhealthy while sources are down: {said}");

@@ -17,6 +17,11 @@ mod ebpf;
 mod kmsg;
 pub(crate) mod otlp;
 
+/// The row with every source a root agent runs by default (eBPF attribution, the kernel log,
+/// health) besides NVML.
+const ALL_SOURCES: &str =
+    "junction, 8 GPUs, every default source as root (+ eBPF, kernel log; scraped)";
+
 /// One benchmark row: label, scenario, GPUs, port, scraped, OTLP compression (none: no OTLP).
 type Row = (
     &'static str,
@@ -74,7 +79,7 @@ pub fn run(smoke: bool) -> Result<()> {
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let mut results = Vec::new();
-    let rows: [Row; 8] = [
+    let rows: [Row; 9] = [
         (
             "junction, 8 GPUs",
             "h100-training.toml",
@@ -132,10 +137,16 @@ pub fn run(smoke: bool) -> Result<()> {
             false,
             Some("none"),
         ),
+        (ALL_SOURCES, "h100-training.toml", 8, 19491, true, None),
     ];
     for (label, scenario, gpus, port, scraped, compression) in rows {
         let config = dir.join(format!("bench-{port}.toml"));
         let mut text = sim_config(&format!("127.0.0.1:{port}"), 1);
+        if label != ALL_SOURCES {
+            // NVML and the sinks alone (what nvitop-exporter does): the eBPF and kernel-log
+            // sources, on by default as root, are measured in the last row and sections below.
+            text.push_str("\n[sources.ebpf]\nenabled = false\n\n[sources.kmsg]\nenabled = false\n");
+        }
         let sink = match compression {
             Some(c) => {
                 let sink = otlp::Sink::start()?;
@@ -393,7 +404,9 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
          `tests/nvml-sim` that runs inside the measured process, so its cost is counted), `/metrics` scraped\n\
          once a second by the benchmark. CPU is the process's CPU time, threads that exited included,\n\
          from a cpuacct cgroup of its own (`cpuacct.usage`, nanoseconds); the ticks column is user +\n\
-         system time from `/proc/PID/stat` (10 ms ticks) as a cross-check. Peak RSS is `VmHWM`. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
+         system time from `/proc/PID/stat` (10 ms ticks) as a cross-check. Peak RSS is `VmHWM` (for the\n\
+         last row it includes the BPF ring buffer Junction maps). Every row but the last runs NVML and the\n\
+         sinks only (eBPF and kernel-log sources off), like the peer. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
          `LD_LIBRARY_PATH`) at `--interval 1.0`.\n\n\
          | process | CPU ms per 1 s cycle | % of one core | % of one core (ticks) | peak RSS (MiB) | series per scrape | scrapes |\n\
          |---|---|---|---|---|---|---|\n"
