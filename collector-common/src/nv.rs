@@ -493,6 +493,25 @@ mod tests {
     }
 
     #[test]
+    fn what_encode_writes_decode_reads() {
+        let mut p = [0u8; PARAMS_LEN];
+        p[..48].copy_from_slice(&encode::rm_alloc(1, 2, 3, class::MEMORY_LOCAL_USER, 0x5000));
+        let mut c = Call::default();
+        assert_eq!(
+            decode(Op::RmAlloc, RM_ALLOC, &p, &mut c),
+            Some(Follow::MemorySize(0x5000 + 64))
+        );
+        assert_eq!((c.client, c.parent, c.handle, c.class), (1, 2, 3, 0x40));
+        let m = encode::memory_allocation(3 << 20);
+        assert_eq!(m[64..72], (3u64 << 20).to_le_bytes());
+        let uuid = encode::uuid_bytes("GPU-8f6b2c1a-0000-4000-8000-00115dfa5726").expect("uuid");
+        assert_eq!(uuid[0], 0x8f);
+        assert_eq!(uuid[15], 0x26);
+        assert_eq!(encode::uuid_bytes("GPU-8f6b"), None);
+        assert_eq!(encode::uvm_register_gpu(uuid, 7)[28], 7);
+    }
+
+    #[test]
     fn rm_alloc_nvos21_status_and_classes() {
         let p = block(&[
             (12, &0x80u32.to_le_bytes()),
@@ -591,5 +610,77 @@ mod tests {
             core::str::from_utf8(&out).ok(),
             Some("GPU-7a3c2b11-0001-0203-0405-060708090aff")
         );
+    }
+}
+
+/// Parameter blocks as a CUDA process would pass them: the inverse of [`decode`], for the
+/// workloads the tests and the demo run against a watched device.
+pub mod encode {
+    /// `NVOS64_PARAMETERS` (48 bytes) for `RM_ALLOC`: hRoot, hObjectParent, hObjectNew,
+    /// hClass, pAllocParms (a user pointer), then pRightsRequested, paramsSize, flags, status.
+    pub fn rm_alloc(client: u32, parent: u32, handle: u32, class: u32, params: u64) -> [u8; 48] {
+        let mut p = [0u8; 48];
+        p[0..4].copy_from_slice(&client.to_le_bytes());
+        p[4..8].copy_from_slice(&parent.to_le_bytes());
+        p[8..12].copy_from_slice(&handle.to_le_bytes());
+        p[12..16].copy_from_slice(&class.to_le_bytes());
+        p[16..24].copy_from_slice(&params.to_le_bytes());
+        p
+    }
+
+    /// `NV_MEMORY_ALLOCATION_PARAMS` (128 bytes) asking for `bytes`.
+    pub fn memory_allocation(bytes: u64) -> [u8; 128] {
+        let mut p = [0u8; 128];
+        let at = super::class::MEMORY_SIZE_OFFSET as usize;
+        p[at..at + 8].copy_from_slice(&bytes.to_le_bytes());
+        p
+    }
+
+    /// `NVOS00_PARAMETERS` (16 bytes) for `RM_FREE`: hRoot, hObjectParent, hObjectOld, status.
+    pub fn rm_free(client: u32, parent: u32, handle: u32) -> [u8; 16] {
+        let mut p = [0u8; 16];
+        p[0..4].copy_from_slice(&client.to_le_bytes());
+        p[4..8].copy_from_slice(&parent.to_le_bytes());
+        p[8..12].copy_from_slice(&handle.to_le_bytes());
+        p
+    }
+
+    /// `NVOS54_PARAMETERS` (32 bytes) for `RM_CONTROL`: hClient, hObject, cmd.
+    pub fn rm_control(client: u32, object: u32, cmd: u32) -> [u8; 32] {
+        let mut p = [0u8; 32];
+        p[0..4].copy_from_slice(&client.to_le_bytes());
+        p[4..8].copy_from_slice(&object.to_le_bytes());
+        p[8..12].copy_from_slice(&cmd.to_le_bytes());
+        p
+    }
+
+    /// `UVM_REGISTER_GPU_PARAMS` (40 bytes): the GPU's 16-byte UUID, then hClient at 28.
+    pub fn uvm_register_gpu(uuid: [u8; 16], client: u32) -> [u8; 40] {
+        let mut p = [0u8; 40];
+        p[..16].copy_from_slice(&uuid);
+        p[28..32].copy_from_slice(&client.to_le_bytes());
+        p
+    }
+
+    /// The 16 bytes of a `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` UUID, if it is one.
+    pub fn uuid_bytes(uuid: &str) -> Option<[u8; 16]> {
+        let hex = uuid.strip_prefix("GPU-").unwrap_or(uuid).as_bytes();
+        let mut out = [0u8; 16];
+        let mut n = 0;
+        let mut hi: Option<u8> = None;
+        for &c in hex {
+            if c == b'-' {
+                continue;
+            }
+            let v = (c as char).to_digit(16)? as u8;
+            match hi.take() {
+                None => hi = Some(v),
+                Some(h) => {
+                    *out.get_mut(n)? = (h << 4) | v;
+                    n += 1;
+                }
+            }
+        }
+        (n == 16 && hi.is_none()).then_some(out)
     }
 }

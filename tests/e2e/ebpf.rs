@@ -602,7 +602,9 @@ fn ioctl<T>(fd: i32, cmd: u32, arg: &mut T) {
     assert_eq!(r, -1, "/dev/null implements no ioctls");
 }
 
-/// `NVOS64_PARAMETERS` (48 bytes).
+/// `NVOS64_PARAMETERS` (48 bytes). The workload writes its parameter blocks and command values
+/// from the driver's headers on its own, not with `junction_common::nv::encode`, so that a wrong
+/// offset shared by Junction's encoder and decoder would still fail these tests.
 #[repr(C)]
 struct Nvos64 {
     h_root: u32,

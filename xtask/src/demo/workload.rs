@@ -9,26 +9,11 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 
 use anyhow::{Context, Result};
-use junction_common::nv::{self, class};
+use junction_common::nv::{self, class, encode};
 
 const CLIENT: u32 = 0xC1D0_0DE0;
 const DEVICE: u32 = 0xD000_0DE0;
 const MIB: u64 = 1 << 20;
-
-/// `NVOS64_PARAMETERS` (48 bytes).
-#[repr(C)]
-struct Nvos64 {
-    h_root: u32,
-    h_parent: u32,
-    h_new: u32,
-    h_class: u32,
-    p_alloc: u64,
-    p_rights: u64,
-    params_size: u32,
-    flags: u32,
-    status: u32,
-    pad: u32,
-}
 
 fn ioctl<T>(fd: i32, cmd: u32, arg: &mut T) {
     // SAFETY: an ioctl on /dev/null with a pointer to a live parameter block; /dev/null
@@ -37,26 +22,12 @@ fn ioctl<T>(fd: i32, cmd: u32, arg: &mut T) {
 }
 
 fn alloc(fd: i32, parent: u32, handle: u32, class: u32, params: *mut u8) {
-    let mut p = Nvos64 {
-        h_root: CLIENT,
-        h_parent: parent,
-        h_new: handle,
-        h_class: class,
-        p_alloc: params as u64,
-        p_rights: 0,
-        params_size: 0,
-        flags: 0,
-        status: 0,
-        pad: 0,
-    };
+    let mut p = encode::rm_alloc(CLIENT, parent, handle, class, params as u64);
     ioctl(fd, nv::RM_ALLOC, &mut p);
 }
 
 fn alloc_memory(fd: i32, handle: u32, bytes: u64) {
-    // NV_MEMORY_ALLOCATION_PARAMS (128 bytes), the size at MEMORY_SIZE_OFFSET.
-    let mut params = [0u8; 128];
-    let at = class::MEMORY_SIZE_OFFSET as usize;
-    params[at..at + 8].copy_from_slice(&bytes.to_le_bytes());
+    let mut params = encode::memory_allocation(bytes);
     alloc(
         fd,
         DEVICE,
@@ -67,27 +38,14 @@ fn alloc_memory(fd: i32, handle: u32, bytes: u64) {
 }
 
 fn free(fd: i32, handle: u32) {
-    // NVOS00_PARAMETERS: hRoot, hObjectParent, hObjectOld, status.
-    let mut p = [CLIENT, DEVICE, handle, 0];
+    let mut p = encode::rm_free(CLIENT, DEVICE, handle);
     ioctl(fd, nv::RM_FREE, &mut p);
 }
 
 fn control(fd: i32) {
-    // NVOS54_PARAMETERS (32 bytes): NV2080_CTRL_CMD_GPU_GET_PID_INFO.
-    let mut p = [0u32; 8];
-    p[0] = CLIENT;
-    p[1] = DEVICE;
-    p[2] = 0x2080_018E;
+    // NV2080_CTRL_CMD_GPU_GET_PID_INFO.
+    let mut p = encode::rm_control(CLIENT, DEVICE, 0x2080_018E);
     ioctl(fd, nv::RM_CONTROL, &mut p);
-}
-
-fn raw_uuid(uuid: &str) -> Result<[u8; 16]> {
-    let hex: String = uuid.trim_start_matches("GPU-").replace('-', "");
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).context("short UUID")?, 16)?;
-    }
-    Ok(out)
 }
 
 /// `cargo xtask demo-workload UUID` (run by the demo as `trainer`).
@@ -103,10 +61,8 @@ pub fn run(uuid: &str) -> Result<()> {
     alloc(fd, 0, CLIENT, class::ROOTS[2], std::ptr::null_mut());
     let mut dev = [0u8; 56];
     alloc(fd, CLIENT, DEVICE, class::DEVICE, dev.as_mut_ptr());
-    // UVM_REGISTER_GPU_PARAMS (40 bytes): uuid@0, hClient@28.
-    let mut reg = [0u8; 40];
-    reg[..16].copy_from_slice(&raw_uuid(uuid)?);
-    reg[28..32].copy_from_slice(&CLIENT.to_le_bytes());
+    let uuid = encode::uuid_bytes(uuid).context("not a GPU UUID")?;
+    let mut reg = encode::uvm_register_gpu(uuid, CLIENT);
     ioctl(fd, nv::UVM_REGISTER_GPU, &mut reg);
     // A resident 2 GiB, and 256 MiB allocated and freed every second.
     alloc_memory(fd, 0x100, 2048 * MIB);
