@@ -1,7 +1,7 @@
 //! `cargo xtask demo` for a fixed time, non-interactive: every part shows what it is there to
 //! show (the hot-HBM GPU's forecast, the ioctl workload attributed with its container, each
 //! XID on its GPU, the coolant-flow alarm, OTLP data received), and nothing it started is left
-//! running. Needs root (eBPF, /dev/kmsg, cgroups) and what `cargo xtask test` installs and
+//! running; and Ctrl-C stops everything it started. Needs root (eBPF, /dev/kmsg, cgroups) and what `cargo xtask test` installs and
 //! builds first; outside CI it skips without them, in CI it fails.
 
 use std::process::Command;
@@ -14,11 +14,12 @@ fn skip(why: &str) {
     eprintln!("SKIPPED: {why}");
 }
 
-#[test]
-fn the_demo_shows_every_part_and_leaves_nothing_running() {
+/// Whether the demo can run here with every part (root, and what `cargo xtask test` builds).
+fn ready() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return skip("not root: the demo's eBPF, kernel-log and cgroup parts need root");
+        skip("not root: the demo's eBPF, kernel-log and cgroup parts need root");
+        return false;
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -31,13 +32,79 @@ fn the_demo_shows_every_part_and_leaves_nothing_running() {
         "target/venv/bin/sushy-static",
     ] {
         if !root.join(built).exists() {
-            return skip(&format!("{built} is missing: run `cargo xtask test`"));
+            skip(&format!("{built} is missing: run `cargo xtask test`"));
+            return false;
         }
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+    true
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
-        .port();
+        .port()
+}
+
+/// The pids the demo says it started are all gone.
+fn nothing_left(text: &str) {
+    let started = text
+        .lines()
+        .find_map(|l| l.strip_prefix("demo started: "))
+        .unwrap_or_else(|| panic!("the list of what it started:\n{text}"));
+    let pids: Vec<i32> = started
+        .split_whitespace()
+        .filter_map(|w| w.rsplit('=').next()?.parse().ok())
+        .collect();
+    assert!(
+        pids.len() >= 4,
+        "junction, the CDU, the BMC and the workload: {started}"
+    );
+    for pid in pids {
+        // SAFETY: kill(2) with signal 0 only checks for the process.
+        let alive = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!alive, "pid {pid} is still running ({started})");
+    }
+    assert!(text.contains("demo stopped: everything it started has exited"));
+}
+
+/// Ctrl-C in the middle of a run (part of the one test below: two demos at once would share
+/// target/demo).
+fn ctrl_c_stops_everything_the_demo_started() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["demo", "--plain", "--no-build", "--listen"])
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the demo");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut text = String::new();
+    // Running once the first view is printed.
+    loop {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut out, &mut line).expect("read") == 0 {
+            panic!("the demo ended before its first view:\n{text}");
+        }
+        text.push_str(&line);
+        if line.starts_with("Junction demo") {
+            break;
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    // SAFETY: kill(2) on our own child's pid: what a terminal's Ctrl-C sends.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    std::io::Read::read_to_string(&mut out, &mut text).expect("read the rest");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}\n{text}");
+    nothing_left(&text);
+}
+
+#[test]
+fn the_demo_shows_every_part_and_leaves_nothing_running() {
+    if !ready() {
+        return;
+    }
+    let port = free_port();
     let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
         .args(["demo", "--for", "55", "--plain", "--no-build", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
@@ -82,23 +149,6 @@ fn the_demo_shows_every_part_and_leaves_nothing_running() {
     }
     assert!(check("coolant alarm").contains("Secondary Flow is critical"));
     check("otlp");
-    // Nothing it started is left.
-    let started = text
-        .lines()
-        .find_map(|l| l.strip_prefix("demo started: "))
-        .expect("the list of what it started");
-    let pids: Vec<i32> = started
-        .split_whitespace()
-        .filter_map(|w| w.rsplit('=').next()?.parse().ok())
-        .collect();
-    assert!(
-        pids.len() >= 4,
-        "junction, the CDU, the BMC and the workload: {started}"
-    );
-    for pid in pids {
-        // SAFETY: kill(2) with signal 0 only checks for the process.
-        let alive = unsafe { libc::kill(pid, 0) } == 0;
-        assert!(!alive, "pid {pid} is still running ({started})");
-    }
-    assert!(text.contains("demo stopped: everything it started has exited"));
+    nothing_left(&text);
+    ctrl_c_stops_everything_the_demo_started();
 }

@@ -973,11 +973,11 @@ pub fn demo(opts: Options) -> Result<()> {
             )
         });
         say("otlp", otlp.as_ref());
-        println!("demo started: {}", pids.join(" "));
         for n in &notes {
             println!("demo note: {n}");
         }
     }
+    println!("demo started: {}", pids.join(" "));
     println!("demo stopped: everything it started has exited");
     Ok(())
 }
