@@ -56,4 +56,50 @@ impl Shutdown {
         let mut rx = self.0.tx.subscribe();
         let _ = rx.wait_for(|stop| *stop).await;
     }
+
+    /// `work`'s output, or `None` if shutdown comes first (the work is then dropped).
+    pub async fn unless<T>(&self, work: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            v = work => Some(v),
+            _ = self.wait() => None,
+        }
+    }
+
+    /// Ticks every `interval` until shutdown, for polls that run one at a time: the first tick
+    /// is at once, each next one `interval` after the previous one began (later if a poll ran
+    /// longer).
+    pub fn ticks(&self, interval: Duration) -> Ticks<'_> {
+        Ticks {
+            shutdown: self,
+            interval,
+            next: None,
+        }
+    }
+}
+
+/// See [`Shutdown::ticks`].
+pub struct Ticks<'a> {
+    shutdown: &'a Shutdown,
+    interval: Duration,
+    next: Option<tokio::time::Instant>,
+}
+
+impl Ticks<'_> {
+    /// Waits for the next tick; false once shutting down.
+    pub async fn next(&mut self) -> bool {
+        if let Some(at) = self.next
+            && self
+                .shutdown
+                .unless(tokio::time::sleep_until(at))
+                .await
+                .is_none()
+        {
+            return false;
+        }
+        if self.shutdown.is_triggered() {
+            return false;
+        }
+        self.next = Some(tokio::time::Instant::now() + self.interval);
+        true
+    }
 }

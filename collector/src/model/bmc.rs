@@ -474,3 +474,42 @@ mod tests {
         assert_eq!(snake("Intake"), "intake");
     }
 }
+
+/// Which targets of a BMC source answered their last poll: the source is up while any does.
+#[derive(Clone)]
+pub struct TargetsUp {
+    source: &'static str,
+    up: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, bool>>>,
+}
+
+impl TargetsUp {
+    /// For the source `source` (`junction.source`).
+    pub fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            up: Default::default(),
+        }
+    }
+
+    /// Records how `target`'s last poll went.
+    pub fn set(&self, model: &super::Model, target: &str, ok: bool) {
+        let mut m = super::lock(&self.up);
+        m.insert(target.to_string(), ok);
+        model.set_source_up(self.source, m.values().any(|v| *v));
+    }
+
+    /// A target that cannot be polled at all (its credentials or device missing): down, with
+    /// `junction.target.up` 0.
+    pub fn unusable(&self, model: &super::Model, target: &str) {
+        self.set(model, target, false);
+        model.publish(
+            self.source,
+            format!("{target}:stats"),
+            vec![
+                Sample::new(Metric::TargetUp, 0.0)
+                    .with("junction.source", self.source)
+                    .with("junction.target", target.to_string()),
+            ],
+        );
+    }
+}

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::agent::{Component as AgentComponent, Ctx};
 use crate::config::{Config, Invalid, config_section};
-use crate::model::bmc::{Component, Level, Poll, Quantity, Reading};
+use crate::model::bmc::{Component, Level, Poll, Quantity, Reading, TargetsUp};
 use crate::model::{Metric, Model, Sample};
 use crate::shutdown::Shutdown;
 
@@ -484,54 +484,37 @@ fn workdir(t: &IpmiTarget) -> Result<Workdir, String> {
     Workdir::new(t, password.as_deref())
 }
 
-/// Which targets answered their last read: the source is up while any does.
-type TargetsUp = Arc<std::sync::Mutex<std::collections::BTreeMap<String, bool>>>;
-
-fn target_result(model: &Model, up: &TargetsUp, name: &str, ok: bool) {
-    let mut m = crate::model::lock(up);
-    m.insert(name.to_string(), ok);
-    model.set_source_up("ipmi", m.values().any(|v| *v));
-}
-
 async fn run_target(t: IpmiTarget, model: Arc<Model>, shutdown: Shutdown, up: TargetsUp) {
     let name = t.display_name();
     let w = match workdir(&t) {
         Ok(w) => w,
         Err(e) => {
-            target_result(&model, &up, &name, false);
+            up.unusable(&model, &name);
             tracing::error!(target = %name, error = %e, "IPMI target not read");
-            model.publish(
-                "ipmi",
-                format!("{name}:stats"),
-                vec![
-                    Sample::new(Metric::TargetUp, 0.0)
-                        .with("junction.source", "ipmi")
-                        .with("junction.target", name.clone()),
-                ],
-            );
             return;
         }
     };
     let interval = Duration::from_secs(t.interval_secs.max(1));
     let mut stats = Stats::default();
     let mut last_error = None;
-    loop {
-        let started = tokio::time::Instant::now();
-        tokio::select! {
-            ok = poll_once(&t, &w, &model, &mut stats, &mut last_error) => target_result(&model, &up, &name, ok),
-            _ = shutdown.wait() => break,
-        }
-        tokio::select! {
-            _ = tokio::time::sleep_until(started + interval) => {}
-            _ = shutdown.wait() => break,
-        }
+    // One poll at a time: the next starts when this one is over and the interval has passed
+    // since it started.
+    let mut ticks = shutdown.ticks(interval);
+    while ticks.next().await {
+        let Some(ok) = shutdown
+            .unless(poll_once(&t, &w, &model, &mut stats, &mut last_error))
+            .await
+        else {
+            break;
+        };
+        up.set(&model, &name, ok);
     }
 }
 
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let targets = config.sources.ipmi.targets.clone();
     tracing::info!(targets = targets.len(), "reading IPMI targets");
-    let up = TargetsUp::default();
+    let up = TargetsUp::new("ipmi");
     let mut handles = Vec::new();
     for t in targets {
         handles.push(tokio::spawn(run_target(

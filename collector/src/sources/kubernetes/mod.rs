@@ -324,15 +324,15 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     Ok(tokio::spawn(async move {
         let interval = Duration::from_secs(cfg.interval_secs.max(1));
         let mut state = State::default();
-        loop {
-            let started = tokio::time::Instant::now();
-            tokio::select! {
-                _ = poll(&cfg, &ctx.model, &mut state) => {}
-                _ = ctx.shutdown.wait() => break,
-            }
-            tokio::select! {
-                _ = tokio::time::sleep_until(started + interval) => {}
-                _ = ctx.shutdown.wait() => break,
+        let mut ticks = ctx.shutdown.ticks(interval);
+        while ticks.next().await {
+            if ctx
+                .shutdown
+                .unless(poll(&cfg, &ctx.model, &mut state))
+                .await
+                .is_none()
+            {
+                break;
             }
         }
     }))

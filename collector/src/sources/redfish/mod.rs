@@ -243,49 +243,35 @@ fn client_for(t: &RedfishTarget) -> Result<Arc<Client>, String> {
     Client::new(t, password).map(Arc::new)
 }
 
-/// Which targets answered their last poll: the source is up while any does.
-type TargetsUp = Arc<std::sync::Mutex<std::collections::BTreeMap<String, bool>>>;
-
-fn target_result(model: &Model, up: &TargetsUp, name: &str, ok: bool) {
-    let mut m = crate::model::lock(up);
-    m.insert(name.to_string(), ok);
-    model.set_source_up("redfish", m.values().any(|v| *v));
-}
-
-async fn run_target(t: RedfishTarget, model: Arc<Model>, shutdown: Shutdown, up: TargetsUp) {
+async fn run_target(
+    t: RedfishTarget,
+    model: Arc<Model>,
+    shutdown: Shutdown,
+    up: crate::model::bmc::TargetsUp,
+) {
     let name = t.display_name();
     let client = match client_for(&t) {
         Ok(c) => c,
         Err(e) => {
-            target_result(&model, &up, &name, false);
+            up.unusable(&model, &name);
             tracing::error!(target = %name, error = %e, "Redfish target not polled");
-            model.publish(
-                "redfish",
-                format!("{name}:stats"),
-                vec![
-                    Sample::new(Metric::TargetUp, 0.0)
-                        .with("junction.source", "redfish")
-                        .with("junction.target", name.clone()),
-                ],
-            );
             return;
         }
     };
     let interval = Duration::from_secs(t.interval_secs.max(1));
     let mut stats = TargetStats::default();
     let mut last_error = None;
-    loop {
-        let started = tokio::time::Instant::now();
-        // One poll at a time: the next starts when this one is over and the interval has
-        // passed since it started.
-        tokio::select! {
-            ok = poll_once(&t, &client, &model, &mut stats, &mut last_error) => target_result(&model, &up, &name, ok),
-            _ = shutdown.wait() => break,
-        }
-        tokio::select! {
-            _ = tokio::time::sleep_until(started + interval) => {}
-            _ = shutdown.wait() => break,
-        }
+    // One poll at a time: the next starts when this one is over and the interval has passed
+    // since it started.
+    let mut ticks = shutdown.ticks(interval);
+    while ticks.next().await {
+        let Some(ok) = shutdown
+            .unless(poll_once(&t, &client, &model, &mut stats, &mut last_error))
+            .await
+        else {
+            break;
+        };
+        up.set(&model, &name, ok);
     }
     client.logout().await;
 }
@@ -293,7 +279,7 @@ async fn run_target(t: RedfishTarget, model: Arc<Model>, shutdown: Shutdown, up:
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let targets = config.sources.redfish.targets.clone();
     tracing::info!(targets = targets.len(), "polling Redfish targets");
-    let up = TargetsUp::default();
+    let up = crate::model::bmc::TargetsUp::new("redfish");
     let mut handles = Vec::new();
     for t in targets {
         handles.push(tokio::spawn(run_target(
