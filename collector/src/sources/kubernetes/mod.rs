@@ -132,7 +132,8 @@ pub fn allocations(
                     continue;
                 }
                 for id in &d.device_ids {
-                    // NVIDIA's device plugin names time-sliced replicas `<UUID>::<n>`.
+                    // NVIDIA's device plugin names time-sliced replicas `<UUID>::<n>`
+                    // (NewAnnotatedID, internal/rm/devices.go in NVIDIA/k8s-device-plugin).
                     let device = id.split("::").next().unwrap_or(id).to_string();
                     out.insert(Allocation {
                         device,
@@ -219,6 +220,19 @@ pub async fn list(
     }
 }
 
+/// With the device plugin's `deviceIDStrategy: index`, device ids are NVML indexes ("3"):
+/// those of the GPUs in `gpus` (index, UUID) become their UUIDs, so that `hw.id` joins with the
+/// GPU's series. MIG ids in that strategy ("3:1") are left as they are.
+pub fn uuids_for_indexes(allocs: &mut [Allocation], gpus: &[(u32, String)]) {
+    for a in allocs.iter_mut() {
+        if let Ok(i) = a.device.parse::<u32>()
+            && let Some((_, uuid)) = gpus.iter().find(|(g, _)| *g == i)
+        {
+            a.device = uuid.clone();
+        }
+    }
+}
+
 fn samples(allocs: &[Allocation], cap: usize) -> Vec<Sample> {
     allocs
         .iter()
@@ -279,7 +293,13 @@ async fn poll(cfg: &KubernetesConfig, model: &Model, state: &mut State) {
     }
     match list(socket, Duration::from_secs(cfg.timeout_secs.max(1))).await {
         Ok(answer) => {
-            let allocs = allocations(&answer, &cfg.resources);
+            let mut allocs = allocations(&answer, &cfg.resources);
+            let gpus: Vec<(u32, String)> = model
+                .snapshot()
+                .into_iter()
+                .map(|g| (g.info.index, g.info.uuid))
+                .collect();
+            uuids_for_indexes(&mut allocs, &gpus);
             let cap = cfg.max_allocations as usize;
             if allocs.len() > cap && !state.capped {
                 tracing::warn!(
@@ -383,6 +403,25 @@ mod tests {
             got.iter()
                 .all(|a| a.pod == "train-0" && a.container == "worker")
         );
+    }
+
+    #[test]
+    fn index_device_ids_become_the_gpus_uuids() {
+        let answer = ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "p".into(),
+                namespace: "n".into(),
+                containers: vec![ContainerResources {
+                    name: "c".into(),
+                    devices: vec![devices("nvidia.com/gpu", &["1", "7::2", "0:1"])],
+                }],
+            }],
+        };
+        let mut got = allocations(&answer, &["nvidia.com/".to_string()]);
+        uuids_for_indexes(&mut got, &[(0, "GPU-a".into()), (1, "GPU-b".into())]);
+        let ids: Vec<&str> = got.iter().map(|a| a.device.as_str()).collect();
+        // 7 is no GPU here: left as the plugin named it; a MIG index pair too.
+        assert_eq!(ids, ["0:1", "GPU-b", "7"]);
     }
 
     #[test]
