@@ -5,8 +5,8 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{free_port, root, temp_dir};
@@ -120,8 +120,8 @@ pub fn sushy_emulator(tool: &Path, user: &str, password: &str, cert: &str, key: 
 /// connections and the most open at once.
 pub struct BadBmc {
     pub port: u16,
-    pub connections: Arc<AtomicUsize>,
-    pub max_open: Arc<AtomicUsize>,
+    /// Each connection's accept time and, once the client closed it, the time that was seen.
+    intervals: Arc<Mutex<Vec<(Instant, Option<Instant>)>>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -130,24 +130,25 @@ impl BadBmc {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
         listener.set_nonblocking(true).expect("nonblocking");
-        let connections = Arc::new(AtomicUsize::new(0));
-        let max_open = Arc::new(AtomicUsize::new(0));
-        let open = Arc::new(AtomicUsize::new(0));
+        let intervals = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (c, m, s) = (connections.clone(), max_open.clone(), stop.clone());
+        let (iv, s) = (intervals.clone(), stop.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 let Ok((mut stream, _)) = listener.accept() else {
                     std::thread::sleep(Duration::from_millis(10));
                     continue;
                 };
-                c.fetch_add(1, Ordering::SeqCst);
-                let now = open.fetch_add(1, Ordering::SeqCst) + 1;
-                m.fetch_max(now, Ordering::SeqCst);
-                let (open, s) = (open.clone(), s.clone());
+                let started = Instant::now();
+                let index = {
+                    let mut v = iv.lock().expect("intervals");
+                    v.push((started, None));
+                    v.len() - 1
+                };
+                let (iv, s) = (iv.clone(), s.clone());
                 std::thread::spawn(move || {
-                    let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
-                    let started = Instant::now();
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
                     let mut buf = [0u8; 4096];
                     let mut answered = false;
                     // Until the client closes the connection (or the test ends).
@@ -169,16 +170,44 @@ impl BadBmc {
                             answered = true;
                         }
                     }
-                    open.fetch_sub(1, Ordering::SeqCst);
+                    iv.lock().expect("intervals")[index].1 = Some(Instant::now());
                 });
             }
         });
         BadBmc {
             port,
-            connections,
-            max_open,
+            intervals,
             stop,
         }
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.intervals.lock().expect("intervals").len()
+    }
+
+    /// The most connections open at one moment. The server sees a close some time after the
+    /// client closed (a read timeout, a thread not yet scheduled on a busy machine), so each
+    /// connection counts as open until `grace` before the close was seen: a poll that started
+    /// right after its predecessor timed out is not an overlap, a poll started while another
+    /// was still waiting (for up to its timeout) is.
+    pub fn max_open(&self, grace: Duration) -> usize {
+        let now = Instant::now();
+        let v = self.intervals.lock().expect("intervals").clone();
+        (0..v.len())
+            .map(|i| {
+                let t = v[i].0;
+                1 + (0..v.len())
+                    .filter(|&j| j != i)
+                    .filter(|&j| {
+                        let (a, b) = v[j];
+                        let end = b.unwrap_or(now + grace);
+                        a <= t && end.checked_sub(grace).is_some_and(|e| e > t)
+                    })
+                    .count()
+            })
+            .max()
+            .unwrap_or(0)
     }
 }
 
