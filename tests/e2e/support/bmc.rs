@@ -118,10 +118,13 @@ pub fn sushy_emulator(tool: &Path, user: &str, password: &str, cert: &str, key: 
 
 /// A BMC that accepts connections and answers after `delay` (never, with `None`); counts
 /// connections and the most open at once.
+/// A connection's accept time and, once the client closed it, when that was seen.
+type Interval = (Instant, Option<Instant>);
+
 pub struct BadBmc {
     pub port: u16,
-    /// Each connection's accept time and, once the client closed it, the time that was seen.
-    intervals: Arc<Mutex<Vec<(Instant, Option<Instant>)>>>,
+    /// One per connection.
+    intervals: Arc<Mutex<Vec<Interval>>>,
     stop: Arc<AtomicBool>,
 }
 
