@@ -191,6 +191,21 @@ fn parse(text: &str) -> Vec<Series> {
     out
 }
 
+/// (index, UUID) of every GPU on a page, by index.
+fn gpus_by_index(s: &[Series]) -> Vec<(u32, String)> {
+    let mut gpus: Vec<(u32, String)> = find(s, "gpu_info", &[])
+        .iter()
+        .filter_map(|x| {
+            Some((
+                x.labels.get("gpu_index")?.parse().ok()?,
+                x.labels.get("hw_id")?.clone(),
+            ))
+        })
+        .collect();
+    gpus.sort();
+    gpus
+}
+
 fn find<'a>(s: &'a [Series], name: &str, want: &[(&str, &str)]) -> Vec<&'a Series> {
     s.iter()
         .filter(|x| {
@@ -441,16 +456,7 @@ fn view(
 ) -> String {
     let s = parse(page);
     let mut out = String::new();
-    let mut gpus: Vec<(u32, String)> = find(&s, "gpu_info", &[])
-        .iter()
-        .filter_map(|x| {
-            Some((
-                x.labels.get("gpu_index")?.parse().ok()?,
-                x.labels.get("hw_id")?.clone(),
-            ))
-        })
-        .collect();
-    gpus.sort();
+    let gpus = gpus_by_index(&s);
     out.push_str(&format!(
         "Junction demo · {} simulated GPUs · t = {t:.0} s · Ctrl-C stops everything\n\n",
         gpus.len()
@@ -837,21 +843,10 @@ pub fn demo(opts: Options) -> Result<()> {
         child,
     });
     let t0 = Instant::now();
-    let uuids: Vec<String> = {
-        let page = http_get(port, "/metrics").unwrap_or_default();
-        let s = parse(&page);
-        let mut g: Vec<(u32, String)> = find(&s, "gpu_info", &[])
-            .iter()
-            .filter_map(|x| {
-                Some((
-                    x.labels.get("gpu_index")?.parse().ok()?,
-                    x.labels.get("hw_id")?.clone(),
-                ))
-            })
-            .collect();
-        g.sort();
-        g.into_iter().map(|(_, u)| u).collect()
-    };
+    let uuids: Vec<String> = gpus_by_index(&parse(&http_get(port, "/metrics").unwrap_or_default()))
+        .into_iter()
+        .map(|(_, u)| u)
+        .collect();
 
     // The workload, in a cgroup named like a Docker container's.
     let mut cgroup_dir = None;
