@@ -97,3 +97,26 @@ fn bad_otlp_settings() {
         ],
     );
 }
+
+/// Redfish and IPMI targets are checked alike, and every problem in an array of tables names
+/// the element and its line.
+#[test]
+fn bad_bmc_targets() {
+    check(
+        "[[sources.redfish.targets]]\nname = \"cdu\"\nurl = \"10.0.0.17\"\ntimeout_secs = 0\n\
+         [[sources.redfish.targets]]\nname = \"cdu\"\nurl = \"https://10.0.0.18\"\npassword_file = \"/nonexistent/pw\"\n\
+         [[sources.ipmi.targets]]\nhost = \"10.0.0.19\"\nprivilege = \"root\"\ninterval_secs = 0\n\
+         [[sources.ipmi.targets]]\nhost = \"10.0.0.19\"\npassword_file = \"/nonexistent/pw\"\nintervl_secs = 5\n\
+         [[sources.ipmi.targets]]\nhost = \"10.0.0.20\"\ntimeout_secs = \"5s\"\n",
+        &[
+            "FILE:3:1: key `sources.redfish.targets[0].url`: \"10.0.0.17\" is not an http(s) URL",
+            "FILE:4:1: key `sources.redfish.targets[0].timeout_secs`: must be at least 1",
+            "FILE:8:1: key `sources.redfish.targets[1].password_file`: \"/nonexistent/pw\" is not a readable file",
+            "FILE:6:1: key `sources.redfish.targets[1].name`: two targets are named \"cdu\"",
+            "FILE:11:1: key `sources.ipmi.targets[0].privilege`: \"root\": use \"user\", \"operator\" or \"admin\"",
+            "FILE:12:1: key `sources.ipmi.targets[0].interval_secs`: must be at least 1",
+            "FILE:16:1: key `sources.ipmi.targets[1].intervl_secs`: unknown field `intervl_secs`",
+            "FILE:19:16: key `sources.ipmi.targets[2].timeout_secs`: invalid type: string \"5s\"",
+        ],
+    );
+}

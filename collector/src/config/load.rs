@@ -98,7 +98,7 @@ pub fn parse_str(text: &str, file: &Path) -> Result<Config, ConfigErrors> {
                 let span = e.span();
                 let path = span
                     .clone()
-                    .and_then(|s| remove_key_at(table.get_mut(), &s, ""));
+                    .and_then(|s| remove_key_at(table.get_mut(), &s));
                 let message = e.message().trim().to_string();
                 errors.push(err(span, path.clone(), message));
                 if path.is_none() || errors.len() > 200 {
@@ -119,57 +119,122 @@ pub fn parse_str(text: &str, file: &Path) -> Result<Config, ConfigErrors> {
     }
 }
 
-/// Removes the deepest key whose key or value span contains `span`; returns its dotted path.
-fn remove_key_at(
-    table: &mut DeTable<'_>,
-    span: &std::ops::Range<usize>,
-    _prefix: &str,
-) -> Option<String> {
-    let path = find_key_at(table, span)?;
-    let mut t = table;
-    for p in &path[..path.len() - 1] {
-        match t.get_mut(p.as_str()).map(|v| v.get_mut()) {
-            Some(DeValue::Table(inner)) => t = inner,
-            _ => return None,
-        }
-    }
-    t.remove(path[path.len() - 1].as_str());
-    Some(path.join("."))
+/// One step of a key path: a table's key, or an element of an array of tables.
+#[derive(Debug, Clone, PartialEq)]
+enum Step {
+    Key(String),
+    Index(usize),
 }
 
-/// The path of the deepest key whose key or value span contains `span`.
-fn find_key_at(table: &DeTable<'_>, span: &std::ops::Range<usize>) -> Option<Vec<String>> {
+/// A path as the errors write it: `sources.redfish.targets[1].url`.
+fn dotted(path: &[Step]) -> String {
+    let mut out = String::new();
+    for step in path {
+        match step {
+            Step::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Step::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+/// Removes the deepest key whose key or value span contains `span`; returns its path. An
+/// error on a whole element of an array of tables removes the array.
+fn remove_key_at(table: &mut DeTable<'_>, span: &std::ops::Range<usize>) -> Option<String> {
+    let mut path = find_key_at(table, span)?;
+    while matches!(path.last(), Some(Step::Index(_))) {
+        path.pop();
+    }
+    let (Step::Key(last), parents) = path.split_last()? else {
+        return None;
+    };
+    let mut t = table;
+    let mut steps = parents.iter().peekable();
+    while let Some(step) = steps.next() {
+        let Step::Key(k) = step else { return None };
+        t = match t.get_mut(k.as_str())?.get_mut() {
+            DeValue::Table(inner) => inner,
+            DeValue::Array(items) => {
+                let Some(Step::Index(i)) = steps.next() else {
+                    return None;
+                };
+                match items.get_mut(*i)?.get_mut() {
+                    DeValue::Table(inner) => inner,
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        };
+    }
+    t.remove(last.as_str());
+    Some(dotted(&path))
+}
+
+/// The path of the deepest key whose key or value span contains `span`, through tables and
+/// arrays of tables.
+fn find_key_at(table: &DeTable<'_>, span: &std::ops::Range<usize>) -> Option<Vec<Step>> {
     let contains =
         |s: std::ops::Range<usize>| s.start <= span.start && span.end <= s.end.max(s.start + 1);
     for (k, v) in table.iter() {
-        if let DeValue::Table(inner) = v.get_ref()
-            && let Some(mut p) = find_key_at(inner, span)
-        {
-            p.insert(0, k.get_ref().to_string());
+        let inner = match v.get_ref() {
+            DeValue::Table(inner) => find_key_at(inner, span),
+            DeValue::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+                let DeValue::Table(inner) = item.get_ref() else {
+                    return None;
+                };
+                let mut p = find_key_at(inner, span)?;
+                p.insert(0, Step::Index(i));
+                Some(p)
+            }),
+            _ => None,
+        };
+        if let Some(mut p) = inner {
+            p.insert(0, Step::Key(k.get_ref().to_string()));
             return Some(p);
         }
         if contains(k.span()) || contains(v.span()) {
-            return Some(vec![k.get_ref().to_string()]);
+            return Some(vec![Step::Key(k.get_ref().to_string())]);
         }
     }
     None
 }
 
-/// The span of a dotted key's value, for semantic errors.
-fn span_of(table: &DeTable<'_>, dotted: &str) -> Option<std::ops::Range<usize>> {
-    let mut parts = dotted.split('.');
-    let first = parts.next()?;
-    let (k, mut v) = table.get_key_value(first)?;
-    let mut span = k.span();
-    for p in parts {
-        let DeValue::Table(t) = v.get_ref() else {
-            return Some(span);
+/// The span of a key for semantic errors (`a.b[1].c`): the key itself, or where the path is
+/// not all in the file (a default, a derived name), the deepest part of it that is.
+fn span_of(table: &DeTable<'_>, path: &str) -> Option<std::ops::Range<usize>> {
+    let mut span = None;
+    let mut t = Some(table);
+    for part in path.split('.') {
+        let mut pieces = part.split('[');
+        let name = pieces.next()?;
+        let Some((k, v)) = t.and_then(|t| t.get_key_value(name)) else {
+            return span;
         };
-        let (k2, v2) = t.get_key_value(p)?;
-        span = k2.span();
-        v = v2;
+        span = Some(k.span());
+        let mut v = v;
+        for index in pieces {
+            let Some(item) = index
+                .trim_end_matches(']')
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| v.get_ref().as_array()?.get(i))
+            else {
+                return span;
+            };
+            span = Some(item.span());
+            v = item;
+        }
+        t = match v.get_ref() {
+            DeValue::Table(inner) => Some(inner),
+            _ => None,
+        };
     }
-    Some(span)
+    span
 }
 
 /// 1-based line and column of a byte offset.

@@ -197,6 +197,44 @@ pub struct Invalid {
     pub message: String,
 }
 
+/// What every polled target (a BMC over Redfish or IPMI) must get right, checked the same way
+/// for each: a password file that exists, a timeout and an interval of at least a second, a
+/// name no other target of the section has. `key` names a key of this target; `names` holds
+/// the names seen so far in the section.
+pub fn check_target(
+    key: &dyn Fn(&str) -> String,
+    name: String,
+    password_file: &str,
+    (timeout_secs, interval_secs): (u64, u64),
+    names: &mut std::collections::BTreeSet<String>,
+    out: &mut Vec<Invalid>,
+) {
+    if !password_file.is_empty() && !std::path::Path::new(password_file).is_file() {
+        out.push(Invalid {
+            key: key("password_file"),
+            message: format!("{password_file:?} is not a readable file"),
+        });
+    }
+    for (k, v) in [
+        ("timeout_secs", timeout_secs),
+        ("interval_secs", interval_secs),
+    ] {
+        if v == 0 {
+            out.push(Invalid {
+                key: key(k),
+                message: "must be at least 1 (seconds)".into(),
+            });
+        }
+    }
+    if names.contains(&name) {
+        out.push(Invalid {
+            key: key("name"),
+            message: format!("two targets are named {name:?}: give each a distinct name"),
+        });
+    }
+    names.insert(name);
+}
+
 impl Config {
     /// Checks what serde cannot: addresses, paths, ranges. Returns every problem at once.
     pub fn validate(&self) -> Vec<Invalid> {

@@ -122,33 +122,20 @@ impl RedfishConfig {
                     message: "give password_file or password_env, not both".into(),
                 });
             }
-            if !t.password_file.is_empty() && !std::path::Path::new(&t.password_file).is_file() {
-                out.push(Invalid {
-                    key: key("password_file"),
-                    message: format!("{:?} is not a readable file", t.password_file),
-                });
-            }
             if !t.ca_file.is_empty() && !std::path::Path::new(&t.ca_file).is_file() {
                 out.push(Invalid {
                     key: key("ca_file"),
                     message: format!("{:?} is not a readable file", t.ca_file),
                 });
             }
-            if t.timeout_secs == 0 || t.interval_secs == 0 {
-                out.push(Invalid {
-                    key: key("timeout_secs"),
-                    message: "timeout_secs and interval_secs must be at least 1".into(),
-                });
-            }
-            if !names.insert(t.display_name()) {
-                out.push(Invalid {
-                    key: key("name"),
-                    message: format!(
-                        "two targets are named {:?}: give each a distinct name",
-                        t.display_name()
-                    ),
-                });
-            }
+            crate::config::check_target(
+                &key,
+                t.display_name(),
+                &t.password_file,
+                (t.timeout_secs, t.interval_secs),
+                &mut names,
+                out,
+            );
         }
     }
 }
