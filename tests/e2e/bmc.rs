@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::bmc::{self, BadBmc, IpmiSim};
+use crate::support::bmc::{self, BadBmc, DynamicBmc, IpmiSim};
 use crate::support::{self, Agent, Series, parse, value};
 
 fn fixtures() -> PathBuf {
@@ -992,6 +992,122 @@ fn a_slow_and_a_silent_bmc_time_out_on_schedule_never_overlap_and_hold_nothing_u
     // NVML is unaffected: its data is there and fresh.
     assert!(body.contains("hw_gpu_memory_usage_bytes"));
     assert!(agent.log().contains("Redfish poll failed"));
+}
+
+/// One chassis with eight temperature sensors: a walk that fans out.
+fn eight_sensors(path: &str, _t: f64) -> Option<Value> {
+    let r = "/redfish/v1";
+    let sensors = format!("{r}/Chassis/1/Sensors");
+    Some(match path.trim_start_matches(r) {
+        "" => {
+            json!({"@odata.id": r, "Chassis": {"@odata.id": format!("{r}/Chassis")}, "SessionService": {"@odata.id": format!("{r}/SessionService")}})
+        }
+        "/Chassis" => json!({"Members": [{"@odata.id": format!("{r}/Chassis/1")}]}),
+        "/Chassis/1" => json!({"Id": "1", "Name": "Node", "Sensors": {"@odata.id": sensors}}),
+        "/Chassis/1/Sensors" => {
+            json!({"Members": (0..8).map(|i| json!({"@odata.id": format!("{sensors}/T{i}")})).collect::<Vec<_>>()})
+        }
+        p => {
+            let i: u32 = p.strip_prefix("/Chassis/1/Sensors/T")?.parse().ok()?;
+            json!({"@odata.id": format!("{sensors}/T{i}"), "Id": format!("T{i}"), "Name": format!("T{i}"), "Reading": 30 + i, "ReadingType": "Temperature", "ReadingUnits": "Cel"})
+        }
+    })
+}
+
+/// `auth = "session"` against a BMC that enforces sessions: one session for many polls, one
+/// new session when it expires (also when requests in flight are refused together), a wrong
+/// password refused without the password in the log, the session deleted at shutdown.
+#[test]
+fn redfish_sessions_are_reused_recreated_once_when_they_expire_and_deleted_at_shutdown() {
+    let bmc = DynamicBmc::with_sessions("monitor", "s3cret-pw", eight_sensors);
+    let sessions = bmc.sessions.clone().expect("sessions");
+    let dir = support::temp_dir();
+    let (good, bad) = (dir.join("good"), dir.join("bad"));
+    std::fs::write(&good, "s3cret-pw\n").expect("pw");
+    std::fs::write(&bad, "wrong-pw\n").expect("pw");
+    let url = format!("http://127.0.0.1:{}", bmc.port);
+    let extra = |pw: &Path| {
+        format!(
+            "username = \"monitor\"\npassword_file = {:?}\nauth = \"session\"\ninterval_secs = 1\nexpand = false\nmax_concurrent_requests = 4",
+            pw.display().to_string()
+        )
+    };
+    let port = support::free_port();
+    let sections =
+        redfish_target("bmc", &url, &extra(&good)) + &redfish_target("wrong", &url, &extra(&bad));
+    let mut agent = Agent::spawn_config("h100-training.toml", &config(&sections, false, port));
+    let requests = |m: &str| {
+        value(
+            &parse(m),
+            "junction_target_requests_total",
+            &[("junction_target", "bmc")],
+        )
+        .unwrap_or(0.0)
+    };
+    // A poll is 12 requests (root, chassis collection, chassis, sensor collection, 8 sensors).
+    let body = agent.wait_for(Duration::from_secs(30), |m| {
+        requests(m) >= 36.0 && m.contains("Sensors/T7")
+    });
+    let s = parse(&body);
+    assert_eq!(
+        value(&s, "junction_target_up", &[("junction_target", "bmc")]),
+        Some(1.0)
+    );
+    assert_eq!(sessions.created(), 1, "one session for three polls");
+    // The BMC ends every session: the next poll creates one new session.
+    sessions.expire_all();
+    let after = requests(&body);
+    let body = agent.wait_for(Duration::from_secs(30), |m| requests(m) >= after + 24.0);
+    assert_eq!(
+        value(
+            &parse(&body),
+            "junction_target_up",
+            &[("junction_target", "bmc")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(sessions.created(), 2);
+    // Sessions that end in the middle of a walk, with four requests in flight: those refused
+    // together create one session between them, never one each.
+    sessions.expire_after(10);
+    let before = sessions.created();
+    let after = requests(&body);
+    let body = agent.wait_for(Duration::from_secs(30), |m| requests(m) >= after + 60.0);
+    assert!(
+        sessions.created() >= before + 4,
+        "sessions expired and were re-created"
+    );
+    assert_eq!(sessions.max_live(), 1, "never two sessions at once");
+    sessions.expire_after(0);
+    // The wrong password: refused at login, an auth failure, no password in the log.
+    let s = parse(&body);
+    assert_eq!(
+        value(&s, "junction_target_up", &[("junction_target", "wrong")]),
+        Some(0.0)
+    );
+    assert!(
+        value(
+            &s,
+            "junction_target_poll_failures_total",
+            &[("junction_target", "wrong"), ("error_type", "auth")]
+        )
+        .is_some_and(|n| n >= 1.0)
+    );
+    assert!(sessions.refused_logins() >= 1);
+    // Shutdown deletes the live session.
+    let deleted = sessions.deleted();
+    assert!(agent.terminate().success());
+    assert_eq!(
+        sessions.deleted(),
+        deleted + 1,
+        "the session is deleted at shutdown"
+    );
+    assert_eq!(sessions.live(), 0);
+    let log = agent.log();
+    assert!(
+        !log.contains("s3cret-pw") && !log.contains("wrong-pw") && !log.contains("token-"),
+        "no secret in the log:\n{log}"
+    );
 }
 
 /// The overlap measure the test above relies on: back-to-back connections are one at a time,

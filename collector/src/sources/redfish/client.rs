@@ -94,6 +94,9 @@ enum Auth {
         password: String,
         /// (X-Auth-Token, the session's URI).
         session: Mutex<Option<(String, Option<String>)>>,
+        /// Held while a session is created, so that requests that fail together create one
+        /// session, not one each (a BMC has a few session slots).
+        login: tokio::sync::Mutex<()>,
     },
 }
 
@@ -138,6 +141,7 @@ impl Client {
                 user: t.username.clone(),
                 password: p.unwrap_or_default(),
                 session: Mutex::new(None),
+                login: tokio::sync::Mutex::new(()),
             },
             (false, p, _) => Auth::Basic {
                 user: t.username.clone(),
@@ -174,15 +178,25 @@ impl Client {
         }
     }
 
-    async fn login(&self) -> Result<(), Error> {
+    /// Creates a session unless one exists that is not `stale` (the token a request was
+    /// refused with): of the requests refused together, the first creates the session and
+    /// the others use it.
+    async fn login(&self, stale: Option<&str>) -> Result<(), Error> {
         let Auth::Session {
             user,
             password,
             session,
+            login,
         } = &self.auth
         else {
             return Ok(());
         };
+        let _one = login.lock().await;
+        if let Some(current) = self.session_token()
+            && Some(current.as_str()) != stale
+        {
+            return Ok(());
+        }
         let url = self.url("/redfish/v1/SessionService/Sessions")?;
         self.requests.fetch_add(1, Ordering::Relaxed);
         let resp = self
@@ -241,16 +255,17 @@ impl Client {
     pub async fn get(&self, path: &str) -> Result<Value, Error> {
         let _permit = self.limit.acquire().await.map_err(|_| Error::Timeout)?;
         if matches!(self.auth, Auth::Session { .. }) && self.session_token().is_none() {
-            self.login().await?;
+            self.login(None).await?;
         }
         for attempt in 0..2 {
             let url = self.url(path)?;
             let mut req = self.http.get(url).header("Accept", "application/json");
+            let token = self.session_token();
             match &self.auth {
                 Auth::None => {}
                 Auth::Basic { user, password } => req = req.basic_auth(user, Some(password)),
                 Auth::Session { .. } => {
-                    if let Some(t) = self.session_token() {
+                    if let Some(t) = &token {
                         req = req.header("X-Auth-Token", t);
                     }
                 }
@@ -260,7 +275,7 @@ impl Client {
             let status = resp.status();
             if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
                 if attempt == 0 && matches!(self.auth, Auth::Session { .. }) {
-                    self.login().await?;
+                    self.login(token.as_deref()).await?;
                     continue;
                 }
                 return Err(Error::Auth(status.as_u16()));
