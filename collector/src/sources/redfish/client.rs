@@ -95,7 +95,9 @@ enum Auth {
         /// (X-Auth-Token, the session's URI).
         session: Mutex<Option<(String, Option<String>)>>,
         /// Held while a session is created, so that requests that fail together create one
-        /// session, not one each (a BMC has a few session slots).
+        /// session, not one each: a BMC has few session slots (Supermicro documents 16 at
+        /// most, redfish-ref-guide "Using Restful APIs"), and sessions left behind hold them
+        /// until they time out.
         login: tokio::sync::Mutex<()>,
     },
 }
