@@ -161,14 +161,17 @@ impl Trend {
         if limit - level > p.gate {
             return None;
         }
-        // An oscillation: the level has been this high (or higher) in the last half hour and
-        // came down again; a real trend climbs past its recent peaks.
+        // An oscillation: the reads have been this high (or higher) in the last half hour and
+        // came down again; a real trend climbs past its recent peaks (the reads themselves, not
+        // the level carried forward along the slope, which can outrun an old peak while an
+        // oscillation is still under it).
         let peak = self
             .older
             .iter()
             .map(|(_, v)| *v)
             .fold(f64::NEG_INFINITY, f64::max);
-        if peak >= level + 0.5 {
+        let mut recent: Vec<f64> = pts[i3..].iter().map(|x| x.1).collect();
+        if peak >= median(&mut recent) + 0.5 {
             return None;
         }
         // Decelerating (a load step settling slowly): the thirds' median levels rise by less
@@ -208,9 +211,9 @@ impl Trend {
 mod tests {
     use super::*;
 
-    /// A deterministic pseudo-normal noise (σ ≈ 1).
-    fn noise(i: u64) -> f64 {
-        let mut x = i
+    /// A deterministic pseudo-normal noise (σ ≈ 1): read `i` of noise sequence `seed`.
+    fn noise(i: u64, seed: u64) -> f64 {
+        let mut x = (i + seed * 1_000_003)
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         let mut s = 0.0;
@@ -229,8 +232,9 @@ mod tests {
         limit: f64,
         minutes: f64,
         horizon: f64,
+        seed: u64,
     ) -> Option<(f64, f64)> {
-        run_from(trace, limit, minutes, horizon, 0.0)
+        run_from(trace, limit, minutes, horizon, 0.0, seed)
     }
 
     /// As `run`, alarms counted only from `from` seconds (the trace runs before that).
@@ -240,6 +244,7 @@ mod tests {
         minutes: f64,
         horizon: f64,
         from: f64,
+        seed: u64,
     ) -> Option<(f64, f64)> {
         let p = Params::default();
         let mut tr = Trend::default();
@@ -252,7 +257,7 @@ mod tests {
             let v = if raw == 0.0 || raw == 255.0 {
                 raw
             } else {
-                (raw + noise(i)).round()
+                (raw + noise(i, seed)).round()
             };
             tr.push(t, v, p.window_secs);
             match tr.forecast(limit, t, &p) {
@@ -274,8 +279,18 @@ mod tests {
     const PERSIST: u32 = 6;
     const HORIZON: f64 = 1200.0;
 
+    /// Noise sequences each ramp is run with: one sequence can pass or fail by luck (on the
+    /// first one alone the 1.5 °C/min ramp came 550 s ahead; the median over 20 is 705 s).
+    const SEEDS: u64 = 20;
+
+    /// Noise sequences each trace that must raise nothing is run with (on the first alone,
+    /// an earlier peak guard looked sound; on 20 it let sawtooths through on 4). Fewer than
+    /// for the ramps: these traces are two hours long.
+    const QUIET_SEEDS: u64 = 10;
+
     #[test]
     fn ramps_are_predicted_early_and_accurately() {
+        let mut report = Vec::new();
         for rate in [0.5, 0.75, 1.0, 1.25, 1.5] {
             // Starting 30 °C under the limit after 10 minutes at a steady level.
             let start = LIMIT - 30.0;
@@ -288,27 +303,36 @@ mod tests {
                 }
             };
             let crossing = 600.0 + 30.0 / rate * 60.0;
-            let (at, eta) = run(trace, LIMIT, crossing / 60.0, HORIZON)
-                .unwrap_or_else(|| panic!("{rate} °C/min: no prediction"));
-            let lead = crossing - at;
-            let err = (eta - lead).abs() / lead;
-            eprintln!(
-                "{rate} °C/min: first alarm {lead:.0} s before the crossing, eta {eta:.0} s ({:.0} % off)",
-                err * 100.0
-            );
-            // The aim is 10 minutes; at 1.5 °C/min the first half of the window must be on the
-            // ramp before it counts, which leaves about 9 (see docs/HEALTH.md).
-            let need = if rate > 1.3 { 500.0 } else { 600.0 };
-            assert!(
-                lead >= need,
-                "{rate} °C/min: predicted only {lead:.0} s ahead"
-            );
-            assert!(
-                err <= 0.25,
-                "{rate} °C/min: eta {eta:.0} s vs {lead:.0} s ({:.0} %)",
-                err * 100.0
-            );
+            let mut leads = Vec::new();
+            let mut errors = Vec::new();
+            for seed in 0..SEEDS {
+                let (at, eta) = run(trace, LIMIT, crossing / 60.0, HORIZON, seed)
+                    .unwrap_or_else(|| panic!("{rate} °C/min, noise {seed}: no prediction"));
+                let lead = crossing - at;
+                leads.push(lead);
+                errors.push((eta - lead).abs() / lead);
+            }
+            // Every sequence predicts the crossing at least 5 minutes ahead; the typical one (the
+            // median) meets the aim of 10 minutes ahead within 25 % (docs/HEALTH.md has the
+            // figures).
+            let good = leads
+                .iter()
+                .zip(&errors)
+                .filter(|&(l, e)| *l >= 600.0 && *e <= 0.25)
+                .count();
+            let (lead, err) = (median(&mut leads.clone()), median(&mut errors.clone()));
+            let min = leads.iter().copied().fold(f64::INFINITY, f64::min);
+            let worst = errors.iter().copied().fold(0.0, f64::max);
+            report.push(format!(
+                "{rate} °C/min: median lead {lead:.0} s (least {min:.0} s), median error {:.0} % (worst {:.0} %), aim met on {good} of {SEEDS}",
+                err * 100.0,
+                worst * 100.0
+            ));
+            assert!(lead >= 600.0, "{}", report.join("\n"));
+            assert!(err <= 0.25, "{}", report.join("\n"));
+            assert!(min >= 300.0, "{}", report.join("\n"));
         }
+        eprintln!("{}", report.join("\n"));
     }
 
     #[test]
@@ -376,9 +400,11 @@ mod tests {
             } else {
                 0.0
             };
-            let got = run_from(&*trace, LIMIT, 120.0, HORIZON, from);
-            if got.is_some() {
-                bad.push(format!("{name}: false alarm at {got:?}"));
+            for seed in 0..QUIET_SEEDS {
+                let got = run_from(&*trace, LIMIT, 120.0, HORIZON, from, seed);
+                if got.is_some() {
+                    bad.push(format!("{name}, noise {seed}: false alarm at {got:?}"));
+                }
             }
         }
         assert!(bad.is_empty(), "{}", bad.join("\n"));
