@@ -27,6 +27,8 @@ ARG BASE=docker.io/library/debian:bookworm-slim
 
 # Stage 1: the artifacts, checked on the base they will run on.
 FROM ${BASE} AS artifacts
+# Marks this stage's image, which the build leaves untagged, for `cargo xtask image` to remove.
+LABEL io.junction.stage="artifacts"
 COPY junction /out/usr/local/bin/junction
 COPY junction.toml /out/etc/junction/junction.toml
 # Runs on the base's glibc (validation of the config needs the host's devices: it runs at

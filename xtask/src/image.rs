@@ -137,6 +137,23 @@ pub fn build() -> Result<String> {
         .arg(root().join("Dockerfile"))
         .arg(&context);
     run(&mut c)?;
+    // Each build leaves the image it replaced and its first stage untagged; remove those of
+    // this Dockerfile (labelled), and nothing else of the machine's.
+    for label in [
+        "org.opencontainers.image.title=junction",
+        "io.junction.stage=artifacts",
+    ] {
+        let pruned = podman()
+            .args(["image", "prune", "--force", "--filter"])
+            .arg(format!("label={label}"))
+            .stdout(std::process::Stdio::null())
+            .status();
+        if !pruned.is_ok_and(|s| s.success()) {
+            eprintln!(
+                "xtask image: could not remove the untagged images labelled {label} (left as they are)"
+            );
+        }
+    }
     Ok(IMAGE.to_string())
 }
 
