@@ -105,16 +105,21 @@ fn build_ebpf() -> Result<PathBuf> {
 }
 
 /// Builds every simulator variant (driver branch) into
-/// `target/nvml-sim/{current,legacy,r535,future}/libnvidia-ml.so.1`
-/// (debug builds; `release` for the benchmarks, where the simulator's own cost runs inside the
-/// measured process and must stay small).
+/// `target/nvml-sim/{current,legacy,r535,future}/libnvidia-ml.so.1` (debug builds, for the
+/// tests and the demo).
 pub fn nvml_sim() -> Result<PathBuf> {
     nvml_sim_profile(false)
 }
 
-/// [`nvml_sim`] with a choice of profile.
+/// [`nvml_sim`] with a choice of profile: release builds go to `target/nvml-sim-release/`,
+/// for the benchmarks (the simulator's own cost runs inside the measured process and must
+/// stay small), where a test run that rebuilds the debug ones cannot replace them mid-run.
 pub fn nvml_sim_profile(release: bool) -> Result<PathBuf> {
-    let out = root().join("target/nvml-sim");
+    let out = root().join(if release {
+        "target/nvml-sim-release"
+    } else {
+        "target/nvml-sim"
+    });
     let profile = if release { "release" } else { "debug" };
     for (variant, features) in [
         ("legacy", Some("legacy")),
@@ -177,8 +182,7 @@ fn docs() -> Result<()> {
 }
 
 /// The config the demo and the benchmarks use: the simulator library, everything at `interval`.
-pub fn sim_config(listen: &str, interval_secs: u64) -> String {
-    let lib = root().join("target/nvml-sim/current/libnvidia-ml.so.1");
+pub fn sim_config(lib: &Path, listen: &str, interval_secs: u64) -> String {
     let mut s = format!(
         "[sources.nvml]\nlibrary = {:?}\n\n[sinks.prometheus]\nlisten = {listen:?}\n",
         lib.display().to_string()

@@ -70,7 +70,7 @@ fn corpus(n: u64, domain: u32) -> String {
 }
 
 /// Runs the kernel-log benchmarks with the built `junction` at `bin`.
-pub fn run(bin: &Path, smoke: bool, dir: &Path) -> Result<Figures> {
+pub fn run(bin: &Path, lib: &Path, smoke: bool, dir: &Path) -> Result<Figures> {
     let domain = 0xbe00 + (std::process::id() % 0xff);
     // The parser alone.
     let n = if smoke { 100_000 } else { 1_000_000 };
@@ -102,7 +102,7 @@ pub fn run(bin: &Path, smoke: bool, dir: &Path) -> Result<Figures> {
         "state_dir = {:?}\n",
         dir.join("state").display().to_string()
     );
-    cfg.push_str(&sim_config(&format!("127.0.0.1:{port}"), 0));
+    cfg.push_str(&sim_config(lib, &format!("127.0.0.1:{port}"), 0));
     // The device too where this runs as root (for the latency probe).
     let device = if std::fs::OpenOptions::new()
         .write(true)

@@ -67,7 +67,7 @@ pub fn run(smoke: bool) -> Result<()> {
     } else {
         Duration::from_secs(60)
     };
-    nvml_sim_profile(!smoke)?;
+    let lib = nvml_sim_profile(!smoke)?;
     let profile = if smoke { "debug" } else { "release" };
     let mut build = cargo();
     build.args(["build", "--quiet", "-p", "junction"]);
@@ -141,7 +141,7 @@ pub fn run(smoke: bool) -> Result<()> {
     ];
     for (label, scenario, gpus, port, scraped, compression) in rows {
         let config = dir.join(format!("bench-{port}.toml"));
-        let mut text = sim_config(&format!("127.0.0.1:{port}"), 1);
+        let mut text = sim_config(&lib, &format!("127.0.0.1:{port}"), 1);
         if label != ALL_SOURCES {
             // NVML and the sinks alone (what nvitop-exporter does): the eBPF and kernel-log
             // sources, on by default as root, are measured in the last row and sections below.
@@ -182,7 +182,10 @@ pub fn run(smoke: bool) -> Result<()> {
     let env = setup::test_dependencies()?;
     let exporter = env.python.with_file_name("nvitop-exporter");
     let child = Command::new(&exporter)
-        .env("LD_LIBRARY_PATH", root().join("target/nvml-sim/current"))
+        .env(
+            "LD_LIBRARY_PATH",
+            lib.parent().context("simulator directory")?,
+        )
         .env(
             "JUNCTION_NVML_SIM_SCENARIO",
             root().join("tests/scenarios/h100-training.toml"),
@@ -203,7 +206,7 @@ pub fn run(smoke: bool) -> Result<()> {
     m.gpus = 8;
     results.push(m);
 
-    let kmsg = kmsg::run(&bin, smoke, &dir)?;
+    let kmsg = kmsg::run(&bin, &lib, smoke, &dir)?;
     let ebpf = ebpf::run(&bin, smoke)?;
     let bmc = bmc::run(&bin, smoke, &dir)?;
     let mut report = report(&results, window, smoke, profile);
