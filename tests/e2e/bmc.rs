@@ -1110,6 +1110,79 @@ fn redfish_sessions_are_reused_recreated_once_when_they_expire_and_deleted_at_sh
     );
 }
 
+/// The same against a Redfish service we did not write: DMTF's Redfish-Mockup-Server answers a
+/// session login with 204, `X-Auth-Token` and `Location` (not 201), and removes the session
+/// from its collection on DELETE. It does not check tokens; what this shows is that the login
+/// and the logout reach it as it expects.
+#[test]
+fn redfish_sessions_log_in_and_out_of_dmtfs_mockup_server() {
+    let Some(server) = bmc::mockup_server(&fixtures().join("redfish/dmtf-public-cooling-unit"))
+    else {
+        return;
+    };
+    let sessions = || {
+        let body = http_get(server.port, "/redfish/v1/SessionService/Sessions");
+        let doc: Value = serde_json::from_str(&body).expect("sessions JSON");
+        doc["Members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .map(|m| m["@odata.id"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    let before = sessions();
+    let pw = support::temp_dir().join("pw");
+    std::fs::write(&pw, "s3cret-pw\n").expect("pw");
+    let port = support::free_port();
+    let extra = format!(
+        "username = \"monitor\"\npassword_file = {:?}\nauth = \"session\"\ninterval_secs = 1",
+        pw.display().to_string()
+    );
+    let sections = redfish_target("cdu", &format!("http://127.0.0.1:{}", server.port), &extra);
+    let mut agent = Agent::spawn_config("h100-training.toml", &config(&sections, false, port));
+    let body = agent.wait_for(Duration::from_secs(30), |m| {
+        value(
+            &parse(m),
+            "junction_target_requests_total",
+            &[("junction_target", "cdu")],
+        )
+        .is_some_and(|n| n > 40.0)
+    });
+    assert_eq!(
+        value(
+            &parse(&body),
+            "junction_target_up",
+            &[("junction_target", "cdu")]
+        ),
+        Some(1.0),
+        "{}",
+        agent.log()
+    );
+    let during = sessions();
+    assert_eq!(
+        during.len(),
+        before.len() + 1,
+        "one session for several polls: {during:?}"
+    );
+    assert!(agent.terminate().success());
+    assert_eq!(sessions(), before, "the session is gone after shutdown");
+    assert!(!agent.log().contains("s3cret-pw"));
+}
+
+/// A GET on loopback; the body.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
 /// The overlap measure the test above relies on: back-to-back connections are one at a time,
 /// two held open together are two.
 #[test]

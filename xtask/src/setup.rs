@@ -138,5 +138,35 @@ pub fn test_dependencies() -> Result<TestEnv> {
             ])
             .args(PYTHON_PACKAGES))?;
     }
+    redfish_mockup_server()?;
     Ok(TestEnv { python })
+}
+
+/// DMTF's Redfish-Mockup-Server, as shipped in the `libredfish` crate on crates.io (it is not
+/// on PyPI), fetched once into `target/tools/`: the benchmark serves the DGX tree with it (it
+/// serves `$expand`), the tests log in and out of its SessionService.
+pub fn redfish_mockup_server() -> Result<PathBuf> {
+    let dir = root().join("target/tools");
+    let script = dir.join("redfishMockupServer.py");
+    if script.exists() {
+        return Ok(script);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let python = root().join("target/venv/bin/python");
+    let status = Command::new(&python)
+        .args([
+            "-c",
+            "import io,sys,tarfile,urllib.request\n\
+             data = urllib.request.urlopen('https://static.crates.io/crates/libredfish/libredfish-0.2.0.crate').read()\n\
+             t = tarfile.open(fileobj=io.BytesIO(data))\n\
+             f = t.extractfile('libredfish-0.2.0/tests/redfishMockupServer.py').read()\n\
+             open(sys.argv[1], 'wb').write(f)",
+        ])
+        .arg(&script)
+        .status()
+        .context("fetching the Redfish mockup server from crates.io")?;
+    if !status.success() || !script.exists() {
+        bail!("cannot fetch redfishMockupServer.py from the libredfish crate");
+    }
+    Ok(script)
 }

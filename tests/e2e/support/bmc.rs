@@ -69,6 +69,27 @@ pub fn sushy_static(tool: &Path, dir: &Path) -> Server {
     Server { child, port, log }
 }
 
+/// DMTF's Redfish-Mockup-Server (`cargo xtask test` fetches it into `target/tools`) serving a
+/// short-form tree; `None` outside CI when it is missing (skips with the reason).
+pub fn mockup_server(dir: &Path) -> Option<Server> {
+    let script = super::require_tool(
+        "redfishMockupServer.py",
+        Some(root().join("target/tools/redfishMockupServer.py")),
+    )?;
+    let port = free_port();
+    let log = temp_dir().join("mockup-server.log");
+    let mut child = Command::new(root().join("target/venv/bin/python"))
+        .arg(&script)
+        .args(["-S", "-H", "127.0.0.1", "-p", &port.to_string(), "-D"])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start the Redfish mockup server");
+    wait_http(port, false, &mut child, &log);
+    Some(Server { child, port, log })
+}
+
 /// `sushy-emulator` (fake driver) with basic auth (bcrypt htpasswd) over TLS.
 pub fn sushy_emulator(tool: &Path, user: &str, password: &str, cert: &str, key: &str) -> Server {
     let dir = temp_dir();

@@ -4,7 +4,7 @@
 //! `$expand`, which `sushy-static` does not), and for OpenIPMI's `ipmi_sim` read through
 //! FreeIPMI.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,33 +24,6 @@ pub struct Row {
     pub cpu_ms: f64,
     /// Readings exported.
     pub readings: usize,
-}
-
-/// The mockup server script, fetched once from the `libredfish` crate.
-fn mockup_server() -> Result<PathBuf> {
-    let dir = root().join("target/bench-tools");
-    let script = dir.join("redfishMockupServer.py");
-    if script.exists() {
-        return Ok(script);
-    }
-    std::fs::create_dir_all(&dir)?;
-    let python = root().join("target/venv/bin/python");
-    let status = Command::new(&python)
-        .args([
-            "-c",
-            "import io,sys,tarfile,urllib.request\n\
-             data = urllib.request.urlopen('https://static.crates.io/crates/libredfish/libredfish-0.2.0.crate').read()\n\
-             t = tarfile.open(fileobj=io.BytesIO(data))\n\
-             f = t.extractfile('libredfish-0.2.0/tests/redfishMockupServer.py').read()\n\
-             open(sys.argv[1], 'wb').write(f)",
-        ])
-        .arg(&script)
-        .status()
-        .context("fetching the Redfish mockup server from crates.io")?;
-    if !status.success() || !script.exists() {
-        bail!("cannot fetch redfishMockupServer.py from the libredfish crate");
-    }
-    Ok(script)
 }
 
 struct Killed(Child);
@@ -143,7 +116,7 @@ pub fn run(bin: &Path, smoke: bool, dir: &Path) -> Result<Vec<Row>> {
         Duration::from_secs(30)
     };
     let mut rows = Vec::new();
-    let script = mockup_server()?;
+    let script = crate::setup::redfish_mockup_server()?;
     let python = root().join("target/venv/bin/python");
     let port = free_port();
     let server = Killed(
