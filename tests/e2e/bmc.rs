@@ -1121,7 +1121,12 @@ fn redfish_sessions_log_in_and_out_of_dmtfs_mockup_server() {
         return;
     };
     let sessions = || {
-        let body = http_get(server.port, "/redfish/v1/SessionService/Sessions");
+        let body = support::get(
+            server.port,
+            "/redfish/v1/SessionService/Sessions",
+            Duration::from_secs(10),
+        )
+        .expect("sessions");
         let doc: Value = serde_json::from_str(&body).expect("sessions JSON");
         doc["Members"]
             .as_array()
@@ -1167,20 +1172,6 @@ fn redfish_sessions_log_in_and_out_of_dmtfs_mockup_server() {
     assert!(agent.terminate().success());
     assert_eq!(sessions(), before, "the session is gone after shutdown");
     assert!(!agent.log().contains("s3cret-pw"));
-}
-
-/// A GET on loopback; the body.
-fn http_get(port: u16, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("request");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("response");
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
 }
 
 /// The overlap measure the test above relies on: back-to-back connections are one at a time,

@@ -154,7 +154,7 @@ fn remove_key_at(table: &mut DeTable<'_>, span: &std::ops::Range<usize>) -> Opti
         return None;
     };
     let mut t = table;
-    let mut steps = parents.iter().peekable();
+    let mut steps = parents.iter();
     while let Some(step) = steps.next() {
         let Step::Key(k) = step else { return None };
         t = match t.get_mut(k.as_str())?.get_mut() {

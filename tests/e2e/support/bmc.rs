@@ -31,42 +31,44 @@ impl Drop for Server {
     }
 }
 
-fn wait_http(port: u16, tls: bool, child: &mut Child, log: &Path) {
-    let start = Instant::now();
-    loop {
-        // A TCP connect is enough to know it listens (TLS and auth are what the tests test).
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            let _ = tls;
-            return;
-        }
-        if let Ok(Some(s)) = child.try_wait() {
-            panic!(
-                "server exited ({s}): {}",
-                std::fs::read_to_string(log).unwrap_or_default()
+impl Server {
+    /// Runs `cmd` (its stderr to `log`) and waits until it listens on `port` (a TCP connect is
+    /// enough: TLS and auth are what the tests test).
+    fn start(cmd: &mut Command, port: u16, log: PathBuf) -> Server {
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {:?}: {e}", cmd.get_program()));
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(s)) = child.try_wait() {
+                panic!(
+                    "server exited ({s}): {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "server not listening: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
             );
+            std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "server not listening: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
+        Server { child, port, log }
     }
 }
 
 /// `sushy-static` serving a short-form tree (`dir/index.json` is the ServiceRoot).
 pub fn sushy_static(tool: &Path, dir: &Path) -> Server {
     let port = free_port();
-    let log = temp_dir().join("sushy-static.log");
-    let mut child = Command::new(tool)
-        .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("start sushy-static");
-    wait_http(port, false, &mut child, &log);
-    Server { child, port, log }
+    Server::start(
+        Command::new(tool)
+            .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
+            .arg(dir),
+        port,
+        temp_dir().join("sushy-static.log"),
+    )
 }
 
 /// DMTF's Redfish-Mockup-Server (`cargo xtask test` fetches it into `target/tools`) serving a
@@ -77,17 +79,14 @@ pub fn mockup_server(dir: &Path) -> Option<Server> {
         Some(root().join("target/tools/redfishMockupServer.py")),
     )?;
     let port = free_port();
-    let log = temp_dir().join("mockup-server.log");
-    let mut child = Command::new(root().join("target/venv/bin/python"))
-        .arg(&script)
-        .args(["-S", "-H", "127.0.0.1", "-p", &port.to_string(), "-D"])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("start the Redfish mockup server");
-    wait_http(port, false, &mut child, &log);
-    Some(Server { child, port, log })
+    Some(Server::start(
+        Command::new(root().join("target/venv/bin/python"))
+            .arg(&script)
+            .args(["-S", "-H", "127.0.0.1", "-p", &port.to_string(), "-D"])
+            .arg(dir),
+        port,
+        temp_dir().join("mockup-server.log"),
+    ))
 }
 
 /// `sushy-emulator` (fake driver) with basic auth (bcrypt htpasswd) over TLS.
@@ -124,17 +123,11 @@ pub fn sushy_emulator(tool: &Path, user: &str, password: &str, cert: &str, key: 
         ),
     )
     .expect("conf");
-    let log = dir.join("sushy-emulator.log");
-    let mut child = Command::new(tool)
-        .arg("--config")
-        .arg(&conf)
-        .arg("--fake")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("start sushy-emulator");
-    wait_http(port, true, &mut child, &log);
-    Server { child, port, log }
+    Server::start(
+        Command::new(tool).arg("--config").arg(&conf).arg("--fake"),
+        port,
+        dir.join("sushy-emulator.log"),
+    )
 }
 
 /// A BMC that accepts connections and answers after `delay` (never, with `None`); counts
