@@ -501,10 +501,11 @@ export!(
                     ));
                 }
             }
-            // Like the driver, which blocks until an event or the timeout without using the
-            // CPU: sleep until the next scheduled event of these GPUs or the deadline (polling
-            // here instead would be counted in the benchmarks, which load this library into
-            // the measured process).
+            // As nvml.h documents nvmlEventSetWait_v2: "If there are no events ready to be
+            // delivered, function sleeps till event arrives but not longer than specified
+            // timeout". Sleep until the next scheduled event of these GPUs or the deadline
+            // (polling here instead would be counted in the benchmarks, which load this
+            // library into the measured process).
             let now = sim.now();
             if now >= deadline {
                 return Err(ERROR_TIMEOUT);
