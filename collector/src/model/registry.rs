@@ -252,6 +252,8 @@ registry! {
         "agent", "Kernel-log records read: /dev/kmsg records or file lines.";
     KmsgLost = "junction.kmsg.lost", "{record}", Counter, [], Status,
         "agent", "/dev/kmsg records overwritten before they were read (EPIPE: sequence gaps) or too large to read.";
+    KmsgIgnored = "junction.kmsg.ignored", "{record}", Counter, ["junction.input"], Status,
+        "agent", "Kernel-log records not read for XIDs because the kernel did not write them: /dev/kmsg records of another facility, file lines without the kernel's syslog tag, lines over 64 KiB (accept_user_records reads the first two).";
     Voltage = "hw.voltage", "V", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
         "Redfish Sensor (ReadingType Voltage), IPMI sensors in V", "A voltage a BMC reports (hw.id is the sensor, or the GPU it belongs to).";
     FanRpm = "hw.fan.speed", "rpm", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,

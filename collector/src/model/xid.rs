@@ -18,8 +18,18 @@ use super::{AttrValue, HealthState, Metric, Model, Sample, lock};
 
 /// Reports of one XID on one GPU from two paths within this window are one occurrence.
 pub const DEDUP_WINDOW: Duration = Duration::from_secs(10);
-/// Counters kept for GPUs the inventory does not know (by PCI address), at most.
-const MAX_UNKNOWN: usize = 32;
+/// Counters kept for GPUs the inventory does not know (by PCI address, or a UUID the
+/// driver's preamble named), at most; the rest count under `PCI-other`.
+pub const MAX_UNKNOWN: usize = 32;
+/// PCI → UUID pairs learned from the driver's preamble lines, at most.
+pub const MAX_LEARNED: usize = 64;
+/// NVSwitches counted by address, at most; the rest count under `NVSwitch-other`.
+pub const MAX_SWITCHES: usize = 64;
+/// SXid codes counted per switch, at most; the rest count under `other`.
+pub const MAX_SXID_CODES: usize = 64;
+/// The counter key of every XID code the catalog does not know (`gpu.xid="other"`; the
+/// event keeps the code the line gave).
+pub const OTHER_XID: u32 = u32::MAX;
 /// Saved state is written at most this often (and at shutdown).
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
@@ -107,14 +117,32 @@ struct Saved {
     reasons: BTreeMap<String, Vec<SavedReason>>,
 }
 
+/// One occurrence and the paths that have reported it (a bit per path and line kind).
 #[derive(Debug)]
 struct Recent {
     id: String,
     code: u32,
-    via: Via,
-    bus_line: bool,
+    seen: u8,
     at: Instant,
-    matched: bool,
+}
+
+/// The bit of a path (and, for the kernel log, of the Xid 79 line or the bus line).
+fn channel(via: Via, bus_line: bool) -> u8 {
+    let path = match via {
+        Via::Kmsg => 0,
+        Via::File => 1,
+        Via::Nvml => 2,
+    };
+    1 << (path * 2 + u8::from(bus_line))
+}
+
+/// Where an input has read up to; saved together with what it counted.
+#[derive(Debug, Clone)]
+pub enum Checkpoint {
+    /// The next `/dev/kmsg` sequence number.
+    Kmsg(u64),
+    /// A followed file's position.
+    File(std::sync::Arc<str>, FileCursor),
 }
 
 #[derive(Debug, Default)]
@@ -127,11 +155,61 @@ struct Inner {
     last_flush: Option<Instant>,
 }
 
+impl Inner {
+    /// Another path's report of an occurrence already counted within [`DEDUP_WINDOW`]:
+    /// true (and the path is noted). A path that reports the same XID twice saw two.
+    fn duplicate(&mut self, id: &str, code: u32, bit: u8) -> bool {
+        let now = Instant::now();
+        while self
+            .recent
+            .front()
+            .is_some_and(|e| now.duration_since(e.at) > DEDUP_WINDOW)
+        {
+            self.recent.pop_front();
+        }
+        if let Some(e) = self
+            .recent
+            .iter_mut()
+            .find(|e| e.id == id && e.code == code && e.seen & bit == 0)
+        {
+            e.seen |= bit;
+            return true;
+        }
+        self.recent.push_back(Recent {
+            id: id.to_string(),
+            code,
+            seen: bit,
+            at: now,
+        });
+        false
+    }
+
+    fn advance(&mut self, at: &Checkpoint) {
+        match at {
+            Checkpoint::Kmsg(seq) => {
+                if self.saved.kmsg_next_seq != *seq {
+                    self.saved.kmsg_next_seq = *seq;
+                    self.dirty = true;
+                }
+            }
+            Checkpoint::File(path, cursor) => {
+                if self.saved.files.get(&**path) != Some(cursor) {
+                    self.saved.files.insert(path.to_string(), cursor.clone());
+                    self.dirty = true;
+                }
+            }
+        }
+    }
+}
+
 /// The XID state of the node.
 #[derive(Debug, Default)]
 pub struct Xids {
     inner: Mutex<Inner>,
     state: Mutex<Option<StateDir>>,
+    /// Held while an input counts a record and moves its checkpoint past it, and while the
+    /// state is saved: a save has both or neither.
+    gate: Mutex<()>,
 }
 
 /// The health-reason codes XIDs raise.
@@ -198,13 +276,14 @@ impl Model {
         lock(&self.xids.inner).saved.kmsg_next_seq
     }
 
-    /// Records that `/dev/kmsg` has been read up to (not including) `seq`.
-    pub fn set_kmsg_next_seq(&self, seq: u64) {
-        let mut i = lock(&self.xids.inner);
-        if i.saved.kmsg_next_seq != seq {
-            i.saved.kmsg_next_seq = seq;
-            i.dirty = true;
-        }
+    /// Runs `count` (what one record says) and moves the input's checkpoint past the
+    /// record, as one step for the saved state: a kill at any point neither counts the
+    /// record twice nor loses it.
+    pub fn checkpointed<R>(&self, at: Checkpoint, count: impl FnOnce() -> R) -> R {
+        let _gate = lock(&self.xids.gate);
+        let r = count();
+        lock(&self.xids.inner).advance(&at);
+        r
     }
 
     /// Where a file was read up to.
@@ -214,18 +293,34 @@ impl Model {
 
     /// Records where a file has been read up to.
     pub fn set_file_cursor(&self, path: &str, cursor: FileCursor) {
-        let mut i = lock(&self.xids.inner);
-        if i.saved.files.get(path) != Some(&cursor) {
-            i.saved.files.insert(path.to_string(), cursor);
-            i.dirty = true;
-        }
+        let _gate = lock(&self.xids.gate);
+        lock(&self.xids.inner).advance(&Checkpoint::File(path.into(), cursor));
     }
 
-    /// Learns a GPU's UUID from the driver's `NVRM: GPU at PCI:…` line.
-    pub fn learn_gpu_uuid(&self, pci: &str, uuid: &str) {
-        lock(&self.xids.inner)
-            .pci_uuid
-            .insert(pci.to_string(), uuid.to_string());
+    /// Learns a GPU's UUID from the driver's `NVRM: GPU at PCI:…` line, for a GPU the
+    /// inventory does not list (NVML down, or the GPU lost): only for an NVIDIA device the
+    /// PCI bus has (`/sys/bus/pci/devices/<addr>.0/vendor` is 0x10de), at most
+    /// [`MAX_LEARNED`], and never a UUID the inventory gives another GPU. False: not learned.
+    pub fn learn_gpu_uuid(&self, pci: &str, uuid: &str) -> bool {
+        let vendor = std::fs::read_to_string(format!("/sys/bus/pci/devices/{pci}.0/vendor"));
+        if vendor.map_or(true, |v| v.trim() != "0x10de") {
+            return false;
+        }
+        self.learn_gpu_uuid_checked(pci, uuid)
+    }
+
+    /// [`Model::learn_gpu_uuid`] once the device is known to be on the bus.
+    fn learn_gpu_uuid_checked(&self, pci: &str, uuid: &str) -> bool {
+        let taken = self.gpus().iter().any(|s| {
+            let s = lock(s);
+            s.info.uuid.eq_ignore_ascii_case(uuid) || s.info.pci_bus_id.starts_with(pci)
+        });
+        let mut i = lock(&self.xids.inner);
+        if taken || (i.pci_uuid.len() >= MAX_LEARNED && !i.pci_uuid.contains_key(pci)) {
+            return false;
+        }
+        i.pci_uuid.insert(pci.to_string(), uuid.to_string());
+        true
     }
 
     /// The GPU at a PCI address (`dddd:bb:dd`): its UUID from the inventory or the driver's
@@ -251,57 +346,48 @@ impl Model {
             .clone()
             .or_else(|| r.pci.as_deref().and_then(|p| self.gpu_at(p)));
         let code = if r.bus_line { 79 } else { r.code };
+        let inventory: Vec<String> = self
+            .gpus()
+            .iter()
+            .map(|s| lock(s).info.uuid.clone())
+            .collect();
         let id = {
             let mut i = lock(&self.xids.inner);
             let id = match (&uuid, &r.pci) {
                 (Some(u), _) => u.clone(),
-                (None, Some(p)) => {
-                    let unknown = i
-                        .saved
-                        .counters
-                        .keys()
-                        .filter(|k| k.starts_with("PCI-"))
-                        .count();
-                    let id = format!("PCI-{p}");
-                    if unknown >= MAX_UNKNOWN && !i.saved.counters.contains_key(&id) {
-                        "PCI-other".to_string()
-                    } else {
-                        id
-                    }
-                }
+                (None, Some(p)) => format!("PCI-{p}"),
                 (None, None) => "PCI-other".to_string(),
             };
+            // GPUs the inventory does not list are counted by id up to a cap.
+            let id = if inventory.contains(&id) || i.saved.counters.contains_key(&id) {
+                id
+            } else {
+                let unknown = i
+                    .saved
+                    .counters
+                    .keys()
+                    .filter(|k| !inventory.contains(k))
+                    .count();
+                if unknown >= MAX_UNKNOWN {
+                    "PCI-other".to_string()
+                } else {
+                    id
+                }
+            };
             // Another path's report of the same XID on the same GPU: one occurrence.
-            let now = Instant::now();
-            while i
-                .recent
-                .front()
-                .is_some_and(|e| now.duration_since(e.at) > DEDUP_WINDOW)
-            {
-                i.recent.pop_front();
-            }
-            if let Some(e) = i.recent.iter_mut().find(|e| {
-                !e.matched
-                    && e.id == id
-                    && e.code == code
-                    && (e.via != r.via || e.bus_line != r.bus_line)
-            }) {
-                e.matched = true;
+            if i.duplicate(&id, code, channel(r.via, r.bus_line)) {
                 return false;
             }
-            i.recent.push_back(Recent {
-                id: id.clone(),
-                code,
-                via: r.via,
-                bus_line: r.bus_line,
-                at: now,
-                matched: false,
-            });
+            let key = if xid_catalog::is_catalogued(code) {
+                code
+            } else {
+                OTHER_XID
+            };
             *i.saved
                 .counters
                 .entry(id.clone())
                 .or_default()
-                .entry(code)
+                .entry(key)
                 .or_insert(0) += 1;
             let t = r
                 .time
@@ -388,6 +474,11 @@ impl Model {
                 "reboot_node",
                 "Xid 79: the GPU has fallen off the bus; holds until the node is rebooted",
             )),
+            // "To none" clears the reason, unless NVML still reports an action for the GPU.
+            (154, Some(0)) if self.nvml_recovery_action(id).is_some_and(|a| a != "none") => {
+                tracing::warn!(gpu = %id, "an Xid 154 says the recovery action is none, but NVML still reports one; the reason holds");
+                return;
+            }
             (154, Some(0)) => {
                 self.clear(id, REASON_154);
                 None
@@ -457,6 +548,22 @@ impl Model {
         }
     }
 
+    /// The recovery action NVML reports for the GPU now (`gpu.recovery_action`), if it
+    /// reports one.
+    fn nvml_recovery_action(&self, id: &str) -> Option<String> {
+        self.gpus().iter().find_map(|s| {
+            let s = lock(s);
+            if s.info.uuid != id {
+                return None;
+            }
+            s.groups.iter().flat_map(|g| g.iter()).find_map(|x| {
+                (x.metric == Metric::RecoveryAction && x.value == 1.0)
+                    .then(|| x.attr("gpu.recovery_action").map(str::to_string))
+                    .flatten()
+            })
+        })
+    }
+
     /// A GPU that was lost or needed a reset answers again (it was reset): the XID reasons
     /// that hold until a reset clear.
     pub fn gpu_recovered(&self, id: &str) {
@@ -481,46 +588,29 @@ impl Model {
         link: Option<u32>,
         message: String,
     ) -> bool {
-        let id = format!("NVSwitch-PCI-{switch_pci}");
         let severity = match fatal {
             Some(true) => "fatal",
             Some(false) => "nonfatal",
             None => "unknown",
         };
-        {
+        let id = {
             let mut i = lock(&self.xids.inner);
-            let now = Instant::now();
-            while i
-                .recent
-                .front()
-                .is_some_and(|e| now.duration_since(e.at) > DEDUP_WINDOW)
-            {
-                i.recent.pop_front();
+            let mut id = format!("NVSwitch-PCI-{switch_pci}");
+            if !i.saved.sxid.contains_key(&id) && i.saved.sxid.len() >= MAX_SWITCHES {
+                id = "NVSwitch-other".to_string();
             }
-            if let Some(e) = i
-                .recent
-                .iter_mut()
-                .find(|e| !e.matched && e.id == id && e.code == code && e.via != via)
-            {
-                e.matched = true;
+            if i.duplicate(&id, code, channel(via, false)) {
                 return false;
             }
-            i.recent.push_back(Recent {
-                id: id.clone(),
-                code,
-                via,
-                bus_line: false,
-                at: now,
-                matched: false,
-            });
-            *i.saved
-                .sxid
-                .entry(id.clone())
-                .or_default()
-                .entry(format!("{code}:{severity}"))
-                .or_insert(0) += 1;
+            let codes = i.saved.sxid.entry(id.clone()).or_default();
+            let mut key = format!("{code}:{severity}");
+            if !codes.contains_key(&key) && codes.len() >= MAX_SXID_CODES {
+                key = format!("other:{severity}");
+            }
+            *codes.entry(key).or_insert(0) += 1;
             i.dirty = true;
-        }
+            id
+        };
         let mut e = NewEvent::now(
             if fatal == Some(true) {
                 Severity::Error
@@ -547,7 +637,10 @@ impl Model {
     /// Saves the XID state if it changed and the last save is [`FLUSH_EVERY`] old (`force`:
     /// now, at shutdown).
     pub fn flush_xids(&self, force: bool) {
+        // One save at a time, each of a state no older than the last one saved.
+        let state = lock(&self.xids.state);
         let snapshot = {
+            let _gate = lock(&self.xids.gate);
             let mut i = lock(&self.xids.inner);
             if !i.dirty || (!force && i.last_flush.is_some_and(|t| t.elapsed() < FLUSH_EVERY)) {
                 return;
@@ -556,7 +649,7 @@ impl Model {
             i.last_flush = Some(Instant::now());
             i.saved.clone()
         };
-        if let Some(state) = lock(&self.xids.state).as_ref() {
+        if let Some(state) = state.as_ref() {
             state.store("xid", &snapshot);
         }
     }
@@ -570,7 +663,14 @@ impl Model {
                     out.push(
                         Sample::new(Metric::XidErrors, *n as f64)
                             .with("hw.id", id.clone())
-                            .with("gpu.xid", code.to_string())
+                            .with(
+                                "gpu.xid",
+                                if *code == OTHER_XID {
+                                    "other".to_string()
+                                } else {
+                                    code.to_string()
+                                },
+                            )
                             .with(
                                 "gpu.xid.category",
                                 xid_catalog::lookup(*code).category.as_str(),
@@ -647,7 +747,7 @@ mod tests {
     #[test]
     fn two_paths_count_once_and_one_path_counts_every_line() {
         let m = Model::default();
-        m.learn_gpu_uuid("0000:3b:00", "GPU-aaaa");
+        m.learn_gpu_uuid_checked("0000:3b:00", "GPU-aaaa");
         assert!(m.record_xid(report(Via::Kmsg, 13)));
         assert!(
             !m.record_xid(report(Via::Nvml, 13)),
@@ -672,10 +772,164 @@ mod tests {
         );
     }
 
+    /// Kernel log, file and NVML: one XID however many paths report it, the Xid 79 line
+    /// and its bus line included.
+    #[test]
+    fn three_paths_count_once() {
+        let m = Model::default();
+        m.learn_gpu_uuid_checked("0000:3b:00", "GPU-aaaa");
+        let bus = |via| Report {
+            bus_line: true,
+            ..report(via, 0)
+        };
+        assert!(m.record_xid(report(Via::Kmsg, 79)));
+        for r in [
+            bus(Via::Kmsg),
+            report(Via::File, 79),
+            bus(Via::File),
+            report(Via::Nvml, 79),
+        ] {
+            assert!(!m.record_xid(r.clone()), "{r:?}");
+        }
+        assert_eq!(count(&m, "GPU-aaaa", 79), 1);
+        // Two XIDs each seen by all three paths: two.
+        for _ in 0..2 {
+            for via in [Via::Kmsg, Via::File, Via::Nvml] {
+                m.record_xid(report(via, 13));
+            }
+        }
+        assert_eq!(count(&m, "GPU-aaaa", 13), 2);
+        assert!(m.record_sxid(
+            Via::Kmsg,
+            "0000:05:00.0",
+            20034,
+            Some(true),
+            None,
+            "x".into()
+        ));
+        assert!(!m.record_sxid(
+            Via::File,
+            "0000:05:00.0",
+            20034,
+            Some(true),
+            None,
+            "x".into()
+        ));
+    }
+
+    /// Nothing a line says can grow the state without bound: GPU ids, XID codes, switches,
+    /// SXid codes and learned UUIDs are capped, and a UUID is learned only for an NVIDIA
+    /// device on the PCI bus.
+    #[test]
+    fn what_lines_create_is_bounded() {
+        let m = Model::default();
+        m.add_gpu(crate::model::GpuInfo {
+            uuid: "GPU-real".into(),
+            pci_bus_id: "0000:18:00.0".into(),
+            ..Default::default()
+        });
+        for i in 0..1000u32 {
+            let mut r = report(Via::Kmsg, 13);
+            r.pci = Some(format!("{:04x}:{:02x}:00", 0x100 + i / 256, i % 256));
+            m.record_xid(r);
+            m.record_xid(report(Via::Kmsg, 1000 + i));
+            m.record_sxid(
+                Via::Kmsg,
+                &format!("{i:04x}:05:00.0"),
+                12028,
+                None,
+                None,
+                "x".into(),
+            );
+            m.record_sxid(
+                Via::Kmsg,
+                "0000:06:00.0",
+                30000 + i,
+                Some(false),
+                None,
+                "x".into(),
+            );
+        }
+        let mut r = report(Via::Kmsg, 13);
+        r.pci = Some("0000:18:00".into());
+        m.record_xid(r);
+        let i = lock(&m.xids.inner);
+        assert!(
+            i.saved.counters.len() <= MAX_UNKNOWN + 2,
+            "{}",
+            i.saved.counters.len()
+        );
+        assert_eq!(
+            i.saved.counters["GPU-real"][&13], 1,
+            "the inventory's GPU is always counted"
+        );
+        let codes: Vec<u32> = i
+            .saved
+            .counters
+            .values()
+            .flat_map(|c| c.keys().copied())
+            .collect();
+        assert!(
+            codes.iter().all(|c| *c == 13 || *c == OTHER_XID),
+            "{codes:?}"
+        );
+        assert!(
+            i.saved.sxid.len() <= MAX_SWITCHES + 1,
+            "{}",
+            i.saved.sxid.len()
+        );
+        assert!(i.saved.sxid.values().all(|c| c.len() <= MAX_SXID_CODES + 2));
+        drop(i);
+        // The PCI address is on no bus here: nothing learned.
+        assert!(!m.learn_gpu_uuid("0000:99:00", "GPU-deadbeef-0000-4000-8000-000000000000"));
+        for i in 0..1000u32 {
+            m.learn_gpu_uuid_checked(&format!("{i:04x}:99:00"), "GPU-x");
+        }
+        assert_eq!(lock(&m.xids.inner).pci_uuid.len(), MAX_LEARNED);
+        assert!(
+            !m.learn_gpu_uuid_checked("0000:18:00", "GPU-forged"),
+            "the inventory's own"
+        );
+        assert!(
+            !m.learn_gpu_uuid_checked("0000:77:00", "GPU-real"),
+            "another GPU's UUID"
+        );
+    }
+
+    /// An Xid 154 "to none" does not clear the reason while NVML still reports an action.
+    #[test]
+    fn xid_154_to_none_does_not_clear_what_nvml_still_reports() {
+        let m = Model::default();
+        let slot = m.add_gpu(crate::model::GpuInfo {
+            uuid: "GPU-b".into(),
+            pci_bus_id: "0000:3b:00.0".into(),
+            ..Default::default()
+        });
+        let mut r = report(Via::Kmsg, 154);
+        r.recovery_action = Some(1);
+        m.record_xid(r);
+        lock(&slot).groups[0] = std::sync::Arc::new(vec![
+            Sample::new(Metric::RecoveryAction, 1.0).with("gpu.recovery_action", "gpu_reset"),
+            Sample::new(Metric::RecoveryAction, 0.0).with("gpu.recovery_action", "none"),
+        ]);
+        let mut r = report(Via::Kmsg, 154);
+        r.recovery_action = Some(0);
+        m.record_xid(r);
+        assert_eq!(m.health.reasons("GPU-b")[0].code, "xid_154", "held");
+        lock(&slot).groups[0] = std::sync::Arc::new(vec![
+            Sample::new(Metric::RecoveryAction, 0.0).with("gpu.recovery_action", "gpu_reset"),
+            Sample::new(Metric::RecoveryAction, 1.0).with("gpu.recovery_action", "none"),
+        ]);
+        let mut r = report(Via::Kmsg, 154);
+        r.recovery_action = Some(0);
+        m.record_xid(r);
+        assert!(m.health.reasons("GPU-b").is_empty(), "NVML agrees: cleared");
+    }
+
     #[test]
     fn xid_154_raises_and_clears_by_value() {
         let m = Model::default();
-        m.learn_gpu_uuid("0000:3b:00", "GPU-b");
+        m.learn_gpu_uuid_checked("0000:3b:00", "GPU-b");
         let mut r = report(Via::Kmsg, 154);
         r.recovery_action = Some(1);
         m.record_xid(r);
@@ -702,7 +956,7 @@ mod tests {
             (140, "xid_fatal", "reset_gpu"),
         ] {
             let m = Model::default();
-            m.learn_gpu_uuid("0000:3b:00", "GPU-b");
+            m.learn_gpu_uuid_checked("0000:3b:00", "GPU-b");
             m.record_xid(report(Via::Kmsg, code));
             let reasons = m.health.reasons("GPU-b");
             assert_eq!(reasons.len(), 1, "Xid {code}: {reasons:?}");
@@ -721,7 +975,7 @@ mod tests {
         }
         for code in [13, 31, 43, 45, 94] {
             let m = Model::default();
-            m.learn_gpu_uuid("0000:3b:00", "GPU-b");
+            m.learn_gpu_uuid_checked("0000:3b:00", "GPU-b");
             m.record_xid(report(Via::Kmsg, code));
             assert!(m.health.reasons("GPU-b").is_empty(), "Xid {code}");
         }

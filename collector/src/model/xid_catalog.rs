@@ -94,6 +94,11 @@ catalog! {
     158, "GPU_FATAL_TIMEOUT", "GPU fatal timeout", Hardware, "RESET_GPU", true;
 }
 
+/// Whether the catalog has `code` (the XIDs counted by code; the rest count as `other`).
+pub fn is_catalogued(code: u32) -> bool {
+    CATALOG.iter().any(|e| e.code == code)
+}
+
 /// The catalog row of `code`, or an `unknown` row (contact support) for codes not in it.
 pub fn lookup(code: u32) -> Entry {
     CATALOG

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use super::Input;
+use crate::model::xid::Checkpoint;
 use crate::model::{Model, lock};
 use crate::shutdown::Shutdown;
 
@@ -69,13 +70,16 @@ pub fn run(mut file: std::fs::File, input: &Input, model: &Model, shutdown: &Shu
                 }
                 next = rec.seq + 1;
                 input.read(1);
-                if rec.facility != 0 && !input.accept_user_records {
-                    model.set_kmsg_next_seq(next);
-                    continue;
-                }
-                let time = wall_time(rec.usec);
-                input.line(&mut parser, &rec.message, time, model);
-                model.set_kmsg_next_seq(next);
+                // Counted and moved past in one step (a kill between the two would count
+                // the record again, or lose it).
+                model.checkpointed(Checkpoint::Kmsg(next), || {
+                    if rec.facility != 0 && !input.accept_user_records {
+                        input.ignored("records of a facility other than the kernel's");
+                    } else {
+                        input.line(&mut parser, &rec.message, wall_time(rec.usec), model);
+                    }
+                });
+                input.tick(model);
             }
             Err(e) => match e.raw_os_error() {
                 Some(libc::EAGAIN) => {

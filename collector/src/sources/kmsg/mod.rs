@@ -5,10 +5,12 @@
 //!
 //! Needs: read access to `/dev/kmsg` (root, or CAP_SYSLOG where `kernel.dmesg_restrict` is
 //! set) and/or to the files. How it fails: an input that cannot be opened is logged once
-//! with the reason and the fix; the others go on. Records written from user space (any
-//! facility but the kernel's) are ignored unless `accept_user_records` (anyone can write an
-//! XID-shaped line to `/dev/kmsg`). Overwritten records are counted
-//! (`junction_kmsg_lost_total`). The checkpoint and counters live in `state_dir`.
+//! with the reason and the fix; the others go on. Only the kernel speaks: `/dev/kmsg`
+//! records of any facility but the kernel's, and file lines without the kernel's syslog tag
+//! (`kernel:`; see [`parser::file_line`] for the formats), are ignored and counted
+//! (`junction_kmsg_ignored_total`) unless `accept_user_records`; the driver's text must start
+//! the kernel message. Overwritten records are counted (`junction_kmsg_lost_total`). The
+//! checkpoint and counters live in `state_dir`, saved with each record's count as one step.
 
 mod device;
 mod files;
@@ -37,9 +39,10 @@ config_section! {
         /// kernel messages land in files; rotation is followed and the read position is
         /// kept across restarts. Default: [].
         pub files: Vec<String> = Vec::new(),
-        /// Accept records written from user space (a facility other than the kernel's):
-        /// anyone who can write to /dev/kmsg could forge an XID. Tests and the demo set it.
-        /// Default: false.
+        /// Accept records written from user space: /dev/kmsg records of a facility other
+        /// than the kernel's, and file lines without the kernel's `kernel:` syslog tag
+        /// (`dmesg` output, `logger` lines). Anyone who can write such a record or line
+        /// could forge an XID. Tests and the demo set it. Default: false.
         pub accept_user_records: bool = false,
     }
 }
@@ -95,6 +98,7 @@ pub struct Input {
     read: AtomicU64,
     lost: AtomicU64,
     warned: Mutex<Option<Instant>>,
+    warned_ignored: std::sync::atomic::AtomicBool,
     last_tick: Mutex<Option<Instant>>,
     stats: Arc<Stats>,
 }
@@ -105,6 +109,8 @@ pub struct Stats {
     kmsg: AtomicU64,
     file: AtomicU64,
     lost: AtomicU64,
+    ignored_kmsg: AtomicU64,
+    ignored_file: AtomicU64,
 }
 
 impl Input {
@@ -115,6 +121,7 @@ impl Input {
             read: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             warned: Mutex::new(None),
+            warned_ignored: std::sync::atomic::AtomicBool::new(false),
             last_tick: Mutex::new(None),
             stats,
         }
@@ -131,6 +138,20 @@ impl Input {
     fn lost(&self, n: u64) {
         self.lost.fetch_add(n, Ordering::Relaxed);
         self.stats.lost.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A record the kernel did not write (or too long to read), not parsed; said once.
+    fn ignored(&self, why: &str) {
+        match self.via {
+            Via::File => self.stats.ignored_file.fetch_add(1, Ordering::Relaxed),
+            _ => self.stats.ignored_kmsg.fetch_add(1, Ordering::Relaxed),
+        };
+        if !self.warned_ignored.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                input = self.via.as_str(),
+                "kernel-log {why}: not read for XIDs (counted in junction_kmsg_ignored_total; set sources.kmsg.accept_user_records = true only where nobody but root can write to the log)"
+            );
+        }
     }
 
     /// Five times a second at most: publish the counters (the checkpoint is saved at most
@@ -153,16 +174,39 @@ impl Input {
                 Sample::new(Metric::KmsgRecords, s.file.load(Ordering::Relaxed) as f64)
                     .with("junction.input", "file"),
                 Sample::new(Metric::KmsgLost, s.lost.load(Ordering::Relaxed) as f64),
+                Sample::new(
+                    Metric::KmsgIgnored,
+                    s.ignored_kmsg.load(Ordering::Relaxed) as f64,
+                )
+                .with("junction.input", "kmsg"),
+                Sample::new(
+                    Metric::KmsgIgnored,
+                    s.ignored_file.load(Ordering::Relaxed) as f64,
+                )
+                .with("junction.input", "file"),
             ],
         );
         model.flush_xids(false);
     }
 
-    /// Parses one line and records what it says.
+    /// Parses one line of a followed file: only the kernel's lines (by their syslog tag),
+    /// unless `accept_user_records`.
+    fn file_line(&self, parser: &mut Parser, line: &str, time: SystemTime, model: &Model) {
+        let l = parser::file_line(line);
+        if l.origin != parser::Origin::Kernel && !self.accept_user_records {
+            self.ignored("file lines without the kernel's syslog tag (kernel:)");
+            return;
+        }
+        self.line(parser, l.message, time, model);
+    }
+
+    /// Parses one kernel message and records what it says.
     fn line(&self, parser: &mut Parser, line: &str, time: SystemTime, model: &Model) {
         match parser.line(line) {
             Parsed::Other | Parsed::SXidCompanion => {}
-            Parsed::GpuUuid(pci, uuid) => model.learn_gpu_uuid(&pci.to_string(), uuid),
+            Parsed::GpuUuid(pci, uuid) => {
+                model.learn_gpu_uuid(&pci.to_string(), uuid);
+            }
             Parsed::BusLine(pci) => {
                 model.record_xid(Report {
                     via: self.via,
@@ -252,7 +296,6 @@ impl Input {
                 });
             }
         }
-        self.tick(model);
     }
 }
 
@@ -307,7 +350,7 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
         None
     } else {
         up = true;
-        let input = Input::new(Via::File, true, stats.clone());
+        let input = Input::new(Via::File, c.accept_user_records, stats.clone());
         let (model, shutdown, cfg, files) = (
             ctx.model.clone(),
             ctx.shutdown.clone(),
