@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::support::{self, Agent, parse, scrape, value};
 
 /// True when this process may write `/dev/kmsg`; otherwise skips (a failure in CI).
-fn privileged() -> bool {
+pub(crate) fn privileged() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let writable = std::fs::OpenOptions::new()
@@ -105,8 +105,7 @@ fn xid(body: &str, gpu: &str, code: &str) -> Option<f64> {
 /// XID lines for simulator GPUs appear on `/metrics` against the right GPU UUID; SXid
 /// companions and the fallen-off-the-bus line that follows an Xid 79 do not over-count;
 /// after a restart nothing is counted twice, lines written while Junction was stopped are
-/// counted and the held health reason is back; a user-space record is ignored without
-/// `accept_user_records`.
+/// counted and the held health reason is back. (Forged records: `kmsg_trust.rs`.)
 #[test]
 fn xids_from_dev_kmsg_per_gpu_and_across_restarts() {
     if !privileged() {
@@ -153,9 +152,9 @@ fn xids_from_dev_kmsg_per_gpu_and_across_restarts() {
             p(0x99)
         ),
     ]);
+    let orphan = format!("PCI-{}", p(0x99));
     let body = agent.wait_for(Duration::from_secs(10), |m| {
-        m.contains(&format!("GPU-deadbeef-0000-4000-8000-{d:012x}"))
-            && m.contains(&format!("NVSwitch-PCI-{d:04x}:06:00.0"))
+        m.contains(&orphan) && m.contains(&format!("NVSwitch-PCI-{d:04x}:06:00.0"))
     });
     assert_eq!(xid(&body, &ids[0], "13"), Some(1.0));
     assert_eq!(xid(&body, &ids[1], "31"), Some(1.0));
@@ -165,14 +164,9 @@ fn xids_from_dev_kmsg_per_gpu_and_across_restarts() {
         "the bus line is the same occurrence (domain {d:04x}):\n{body}\n{}",
         agent.log()
     );
-    assert_eq!(
-        xid(
-            &body,
-            &format!("GPU-deadbeef-0000-4000-8000-{d:012x}"),
-            "43"
-        ),
-        Some(1.0)
-    );
+    // No NVIDIA device at that address on this bus: its preamble's UUID is not learned.
+    assert_eq!(xid(&body, &orphan, "43"), Some(1.0));
+    assert!(!body.contains(&format!("GPU-deadbeef-0000-4000-8000-{d:012x}")));
     let sxid = parse(&body)
         .into_iter()
         .filter(|x| {
@@ -240,32 +234,6 @@ fn xids_from_dev_kmsg_per_gpu_and_across_restarts() {
         "Xid 79 holds until the node reboots, across a restart"
     );
     assert!(agent.terminate().success());
-
-    // Without accept_user_records, a record written from user space is read and ignored.
-    let cfg = config(port, &state, "accept_user_records = false");
-    let mut agent = start(&scen, &cfg);
-    let records = |m: &str| {
-        value(
-            &parse(m),
-            "junction_kmsg_records_total",
-            &[("junction_input", "kmsg")],
-        )
-        .unwrap_or(0.0)
-    };
-    let before = records(&agent.wait_for(Duration::from_secs(10), |m| {
-        m.contains("junction_kmsg_records_total")
-    }));
-    kmsg_write(&[format!(
-        "NVRM: Xid (PCI:{}): 13, pid=1, name=forged, forged",
-        p(0x18)
-    )]);
-    let body = agent.wait_for(Duration::from_secs(10), |m| records(m) > before);
-    assert_eq!(
-        xid(&body, &ids[0], "13"),
-        Some(2.0),
-        "a user-space record is not an XID"
-    );
-    assert!(agent.terminate().success());
 }
 
 /// The NVML event path alone (the kernel log off) counts the simulator's XIDs; with both
@@ -297,18 +265,11 @@ fn nvml_events_alone_and_together_with_the_kernel_log() {
         xid(m, &ids[0], "13") == Some(1.0)
     });
     let line = format!("NVRM: Xid (PCI:{d:04x}:18:00): 13, pid=5, name=app, Graphics Exception");
-    kmsg_write(std::slice::from_ref(&line));
-    let records = |m: &str| {
-        value(
-            &parse(m),
-            "junction_kmsg_records_total",
-            &[("junction_input", "kmsg")],
-        )
-        .unwrap_or(0.0)
-    };
-    let seen = records(&scrape(agent.port, Duration::from_secs(5)).expect("scrape"));
-    std::thread::sleep(Duration::from_millis(1500));
-    let body = agent.wait_for(Duration::from_secs(10), |m| records(m) >= seen);
+    // Wait until the agent has read this very record (its saved position passes it): only
+    // then does "one XID" say that the two paths were joined.
+    let seq = crate::kmsg_trust::write_and_wait_read(&state, std::slice::from_ref(&line));
+    eprintln!("our record: seq {seq}");
+    let body = scrape(agent.port, Duration::from_secs(5)).expect("scrape");
     assert_eq!(
         xid(&body, &ids[0], "13"),
         Some(1.0),
@@ -344,7 +305,7 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// A kernel-log file (syslog and `dmesg -T` prefixes): followed, restarted with lines
+/// A kernel-log file (RFC 3164 and RFC 3339 syslog headers): followed, restarted with lines
 /// appended meanwhile (counted once), rotated (the new file is read), flooded with 100 000
 /// lines of which 100 are XIDs (every one counted, memory flat). A corrupt state file is a
 /// warning and a clean start.
@@ -380,7 +341,9 @@ fn kernel_log_files_follow_restart_rotation_and_floods() {
 
     append(
         &log,
-        &format!("[Sun Nov 30 01:05:00 2026] NVRM: Xid (PCI:{p0}): 13, pid=8, name=b, y\n"),
+        &format!(
+            "2026-11-30T01:05:00.000000+00:00 node kernel: NVRM: Xid (PCI:{p0}): 13, pid=8, name=b, y\n"
+        ),
     );
     let mut agent = start(&scen, &cfg);
     let body = agent.wait_for(Duration::from_secs(10), |m| {
@@ -396,7 +359,9 @@ fn kernel_log_files_follow_restart_rotation_and_floods() {
     std::fs::rename(&log, dir.join("kern.log.1")).expect("rotate");
     append(
         &log,
-        &format!("[  99.000] NVRM: Xid (PCI:{p0}): 31, pid=9, name=c, MMU Fault\n"),
+        &format!(
+            "Nov 30 01:06:00 node kernel: [  99.000] NVRM: Xid (PCI:{p0}): 31, pid=9, name=c, MMU Fault\n"
+        ),
     );
     agent.wait_for(Duration::from_secs(10), |m| {
         xid(m, &ids[0], "31") == Some(1.0)
@@ -408,11 +373,11 @@ fn kernel_log_files_follow_restart_rotation_and_floods() {
     for i in 0..100_000u32 {
         if i % 1000 == 999 {
             text.push_str(&format!(
-                "[{i}.000] NVRM: Xid (PCI:{d:04x}:19:00): 43, pid={i}, name=flood, channel 1\n"
+                "Nov 30 02:00:00 node kernel: [{i}.000] NVRM: Xid (PCI:{d:04x}:19:00): 43, pid={i}, name=flood, channel 1\n"
             ));
         } else {
             text.push_str(&format!(
-                "[{i}.000] eth0: link is up at 100 Gbps, line {i} of unrelated noise\n"
+                "Nov 30 02:00:00 node kernel: [{i}.000] eth0: link is up at 100 Gbps, line {i} of unrelated noise\n"
             ));
         }
     }
@@ -490,7 +455,7 @@ fn a_dev_kmsg_flood_loses_nothing_or_counts_the_loss() {
         let s = parse(m);
         let counted = xid(m, &ids[0], "43").unwrap_or(0.0);
         let lost = value(&s, "junction_kmsg_lost_total", &[]).unwrap_or(0.0);
-        counted == 100.0 || (lost > 0.0 && counted > 0.0)
+        counted == 100.0 || (lost > 0.0 && 100.0 - counted <= lost)
     };
     let body = agent.wait_for(Duration::from_secs(60), done);
     let s = parse(&body);
@@ -499,8 +464,8 @@ fn a_dev_kmsg_flood_loses_nothing_or_counts_the_loss() {
     eprintln!("counted {counted} of 100 XIDs; {lost} records lost to ring overruns");
     assert!(counted <= 100.0);
     assert!(
-        counted == 100.0 || lost > 0.0,
-        "a missing XID is a counted loss"
+        100.0 - counted <= lost,
+        "every missing XID is a counted loss: {counted} counted, {lost} lost"
     );
     let grown = rss_kib(agent.child.id()).saturating_sub(rss);
     assert!(grown < 32 * 1024, "RSS grew {grown} KiB over the flood");

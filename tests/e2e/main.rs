@@ -11,6 +11,7 @@ mod ebpf;
 mod faults;
 mod health;
 mod kmsg;
+mod kmsg_trust;
 mod kubernetes;
 mod otlp;
 mod quirks;

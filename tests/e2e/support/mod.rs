@@ -244,6 +244,16 @@ impl Drop for Agent {
     }
 }
 
+/// Waits until `done()` (a marker this test wrote has been seen), polling every 100 ms;
+/// panics naming `what` after `limit`. Tests wait for their own markers, never sleep.
+pub fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// GET `/metrics` with a timeout.
 pub fn scrape(port: u16, timeout: Duration) -> Result<String, ureq::Error> {
     get(port, "/metrics", timeout)
