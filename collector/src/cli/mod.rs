@@ -99,8 +99,10 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
             model: model.clone(),
             shutdown: stop_sources.clone(),
         };
-        match (source.start)(config.clone(), ctx).await {
-            Ok(task) => source_tasks.push((source.name, task)),
+        match (source.start)(config.clone(), ctx.clone()).await {
+            Ok(task) => {
+                source_tasks.push((source.name, supervise(source, config.clone(), ctx, task)))
+            }
             // One failing source never stops the others.
             Err(e) => {
                 model.set_source_up(source.name, false);
@@ -128,6 +130,70 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     wait_all("sink", sink_tasks).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Watches a source's task: one that panics is reported down with the panic's message
+/// (`junction inventory`, `junction_source_up`, the log) and started again, after 1 s, then
+/// twice as long each time up to a minute. A task that ends by itself (a source that found
+/// nothing to read) is not restarted.
+fn supervise(
+    source: &'static crate::agent::Component,
+    config: Arc<Config>,
+    ctx: Ctx,
+    first: tokio::task::JoinHandle<()>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut task = first;
+        let mut backoff = std::time::Duration::from_secs(1);
+        let mut restarts = 0u64;
+        loop {
+            let ended = task.await;
+            if ctx.shutdown.is_triggered() {
+                return;
+            }
+            let why = match ended {
+                Err(e) if e.is_panic() => panic_message(e.into_panic()),
+                _ => return,
+            };
+            restarts += 1;
+            tracing::error!(source = source.name, panic = %why, restarts, "source panicked; restarting it in {backoff:?}");
+            loop {
+                ctx.model.set_source_up(source.name, false);
+                ctx.model.set_source_detail(
+                    source.name,
+                    vec![format!("panicked ({why}); restarted {restarts} time(s)")],
+                );
+                if ctx
+                    .shutdown
+                    .unless(tokio::time::sleep(backoff))
+                    .await
+                    .is_none()
+                {
+                    return;
+                }
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(60));
+                match (source.start)(config.clone(), ctx.clone()).await {
+                    Ok(t) => {
+                        task = t;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::error!(source = source.name, error = %format!("{e:#}"), "source failed to restart; trying again in {backoff:?}")
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// The text of a panic's payload.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    text.chars().take(200).collect()
 }
 
 /// Waits for tasks under [`SHUTDOWN_DEADLINE`]; one that does not stop is left behind.
@@ -241,4 +307,69 @@ pub fn inventory(config: Config, format: InventoryFormat) -> anyhow::Result<()> 
         InventoryFormat::Table => print!("{}", inventory_table(&model)),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    static STARTS: AtomicU32 = AtomicU32::new(0);
+
+    /// A source whose first task panics; the next one runs until shutdown.
+    const PANICKY: crate::agent::Component = crate::agent::Component {
+        name: "panicky",
+        enabled: |_| true,
+        start: |_, ctx| {
+            Box::pin(async move {
+                let n = STARTS.fetch_add(1, Ordering::SeqCst);
+                ctx.model.set_source_up("panicky", true);
+                Ok(tokio::spawn(async move {
+                    assert!(n > 0, "the first run panics");
+                    ctx.shutdown.wait().await;
+                }))
+            })
+        },
+        once: None,
+        inspect: None,
+        derive: None,
+    };
+
+    /// A source that panics is reported down with the panic, and started again.
+    #[test]
+    fn a_panicking_source_is_reported_and_restarted() {
+        let rt = runtime().expect("runtime");
+        rt.block_on(async {
+            let model = Model::new();
+            let ctx = Ctx {
+                model: model.clone(),
+                shutdown: Shutdown::default(),
+            };
+            let config = Arc::new(Config::default());
+            let first = (PANICKY.start)(config.clone(), ctx.clone())
+                .await
+                .expect("start");
+            let watch = supervise(&PANICKY, config, ctx.clone(), first);
+            let mut saw_down = false;
+            for _ in 0..100 {
+                if model.sources().get("panicky") == Some(&false) {
+                    saw_down = true;
+                    let detail = model.source_details()["panicky"].join(" ");
+                    assert!(detail.contains("the first run panics"), "{detail}");
+                }
+                if STARTS.load(Ordering::SeqCst) == 2 && model.sources()["panicky"] {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert!(saw_down, "reported down");
+            assert_eq!(STARTS.load(Ordering::SeqCst), 2, "restarted once");
+            assert!(model.sources()["panicky"], "up again");
+            ctx.shutdown.trigger();
+            tokio::time::timeout(std::time::Duration::from_secs(5), watch)
+                .await
+                .expect("the supervisor stops at shutdown")
+                .expect("no panic");
+        });
+    }
 }

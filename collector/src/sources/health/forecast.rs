@@ -88,18 +88,20 @@ fn theil_sen(points: &[(f64, f64)]) -> Option<(f64, f64)> {
     if slopes.is_empty() {
         return None;
     }
-    let slope = median(&mut slopes);
+    let slope = median(&mut slopes)?;
     let mut intercepts: Vec<f64> = p.iter().map(|(t, v)| v - slope * t).collect();
-    Some((slope, median(&mut intercepts)))
+    Some((slope, median(&mut intercepts)?))
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The median; `None` for no values (a gap in the reads can leave a third of the window
+/// empty).
+fn median(v: &mut [f64]) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
     }
 }
 
@@ -157,7 +159,7 @@ impl Trend {
             .iter()
             .map(|(t, v)| v + slope * (now - t))
             .collect();
-        let level = median(&mut levels);
+        let level = median(&mut levels)?;
         if limit - level > p.gate {
             return None;
         }
@@ -171,7 +173,7 @@ impl Trend {
             .map(|(_, v)| *v)
             .fold(f64::NEG_INFINITY, f64::max);
         let mut recent: Vec<f64> = pts[i3..].iter().map(|x| x.1).collect();
-        if peak >= median(&mut recent) + 0.5 {
+        if peak >= median(&mut recent)? + 0.5 {
             return None;
         }
         // Decelerating (a load step settling slowly): the thirds' median levels rise by less
@@ -180,7 +182,7 @@ impl Trend {
             let mut v: Vec<f64> = t.iter().map(|x| x.1).collect();
             median(&mut v)
         };
-        let (v1, v2, v3) = (med(&pts[..i2]), med(&pts[i2..i3]), med(&pts[i3..]));
+        let (v1, v2, v3) = (med(&pts[..i2])?, med(&pts[i2..i3])?, med(&pts[i3..])?);
         let (d12, d23) = (v2 - v1, v3 - v2);
         // The same from the slopes of the last two thirds (a step that entered the window
         // earlier shows here).
@@ -320,7 +322,10 @@ mod tests {
                 .zip(&errors)
                 .filter(|&(l, e)| *l >= 600.0 && *e <= 0.25)
                 .count();
-            let (lead, err) = (median(&mut leads.clone()), median(&mut errors.clone()));
+            let (lead, err) = (
+                median(&mut leads.clone()).unwrap_or(0.0),
+                median(&mut errors.clone()).unwrap_or(0.0),
+            );
             let min = leads.iter().copied().fold(f64::INFINITY, f64::min);
             let worst = errors.iter().copied().fold(0.0, f64::max);
             report.push(format!(
@@ -422,5 +427,23 @@ mod tests {
             );
         }
         assert!(tr.forecast(95.0, 600.0, &p).is_none(), "level gate");
+    }
+
+    /// Minutes of sentinel reads in the middle of the window leave its middle third empty:
+    /// no forecast from it, and no panic (the median of nothing).
+    #[test]
+    fn a_gap_in_the_reads_is_no_panic() {
+        let p = Params::default();
+        let mut tr = Trend::default();
+        for i in 0..=60 {
+            let t = f64::from(i) * 10.0;
+            let v = if (16..45).contains(&i) {
+                255.0
+            } else {
+                80.0 + t * 0.02
+            };
+            tr.push(t, v, p.window_secs);
+        }
+        let _ = tr.forecast(95.0, 600.0, &p);
     }
 }
