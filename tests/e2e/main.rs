@@ -10,6 +10,7 @@ mod deploy;
 mod ebpf;
 mod faults;
 mod health;
+mod hostile;
 mod kmsg;
 mod kmsg_trust;
 mod kubernetes;

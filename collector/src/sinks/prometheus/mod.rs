@@ -110,17 +110,71 @@ pub async fn bind(listen: &str) -> Result<tokio::net::TcpListener, std::io::Erro
     tokio::net::TcpListener::bind(addr).await
 }
 
-/// Serves until `shutdown` resolves.
+/// Connections served at once; more are closed as soon as they are accepted. With the
+/// header deadline, idle or slow peers hold at most this many descriptors, each for at most
+/// [`HEADER_DEADLINE`] (a scrape's own connection is kept alive for [`CONNECTION_LIFETIME`]).
+pub const MAX_CONNECTIONS: usize = 64;
+/// A request's headers must arrive within this (slow-header peers are closed).
+pub const HEADER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+/// A connection is closed after this, kept alive or not.
+pub const CONNECTION_LIFETIME: std::time::Duration = std::time::Duration::from_secs(120);
+/// The largest request head read (hyper's smallest buffer).
+pub const MAX_REQUEST_HEAD: usize = 8192;
+
+/// Serves until `shutdown` resolves: HTTP/1.1 with a header deadline, a connection cap,
+/// a connection lifetime and a request-head limit, so that no peer can starve the agent of
+/// descriptors (and with them `/proc` reads, state saves and BMC polls).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     model: Arc<Model>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .with_state(model);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_DEADLINE)
+        .max_buf_size(MAX_REQUEST_HEAD);
+    let mut refused = 0u64;
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            () = &mut shutdown => break,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                // Out of descriptors or a reset before accept: wait a little, go on.
+                Err(e) => {
+                    tracing::debug!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    refused,
+                    max = MAX_CONNECTIONS,
+                    "too many connections to /metrics; closing new ones"
+                );
+            }
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
+            drop(slot);
+        });
+    }
+    // In-flight scrapes finish (briefly); idle connections close.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), graceful.shutdown()).await;
+    Ok(())
 }
