@@ -5,6 +5,7 @@ mod cli;
 mod config;
 mod model;
 mod privileges;
+mod redact;
 mod shutdown;
 mod sinks;
 mod sources;

@@ -90,7 +90,7 @@ impl OtlpConfig {
                 "endpoint",
                 format!(
                     "{:?} is not an http:// or https:// URL; write e.g. \"http://collector:4317\"",
-                    self.endpoint
+                    crate::redact::url(&self.endpoint)
                 ),
             );
         }

@@ -152,6 +152,8 @@ struct Workdir {
     cache: PathBuf,
 }
 
+use std::os::unix::ffi::OsStringExt as _;
+
 impl Workdir {
     fn new(t: &IpmiTarget, password: Option<&str>) -> Result<Self, String> {
         let safe: String = t
@@ -159,13 +161,25 @@ impl Workdir {
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
-        let dir = std::env::temp_dir().join(format!("junction-ipmi-{}-{safe}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        // A new directory of an unpredictable name, made by mkdtemp(3) (mode 0700, never one
+        // that exists): another local user can neither guess it nor plant a link there, and
+        // the password written into it stays ours.
+        let template = std::env::temp_dir().join(format!("junction-ipmi-{safe}-XXXXXX"));
+        let mut raw = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())
+            .map_err(|e| format!("{}: {e}", template.display()))?
+            .into_bytes_with_nul();
+        // SAFETY: `raw` is a writable NUL-terminated template ending in XXXXXX, as mkdtemp
+        // requires; it rewrites the Xs in place.
+        let made = unsafe { libc::mkdtemp(raw.as_mut_ptr().cast()) };
+        if made.is_null() {
+            return Err(format!(
+                "{}: {}",
+                template.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        raw.pop();
+        let dir = PathBuf::from(std::ffi::OsString::from_vec(raw));
         let cache = dir.join("sdr-cache");
         std::fs::DirBuilder::new()
             .mode(0o700)
@@ -182,8 +196,7 @@ impl Workdir {
         use std::io::Write as _;
         std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&config)
             .and_then(|mut f| f.write_all(text.as_bytes()))

@@ -102,7 +102,22 @@ enum Auth {
     },
 }
 
-/// The client.
+/// A response larger than this is not read (a whole `$expand`ed chassis is a few MiB).
+pub const MAX_RESPONSE: usize = 16 << 20;
+/// Members read of one collection, at most.
+pub const MAX_MEMBERS: usize = 1024;
+/// Redirects followed, at most, and only on the target's own origin.
+const MAX_REDIRECTS: usize = 5;
+
+/// Whether two URLs share an origin (scheme, host and port).
+fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
+}
+
+/// The client. Every request and every credential stays on the target's origin: links
+/// (`@odata.id`, `Location`) and redirects elsewhere are not followed.
 pub struct Client {
     http: reqwest::Client,
     base: reqwest::Url,
@@ -116,13 +131,24 @@ pub struct Client {
 impl Client {
     /// Builds the client (reads the CA file; the password was read by the caller).
     pub fn new(t: &RedfishTarget, password: Option<String>) -> Result<Self, String> {
-        let base = reqwest::Url::parse(&t.url).map_err(|e| format!("url {:?}: {e}", t.url))?;
+        let base = reqwest::Url::parse(&t.url)
+            .map_err(|e| format!("url {:?}: {e}", crate::redact::url(&t.url)))?;
         let timeout = Duration::from_secs(t.timeout_secs.max(1));
         let mut b = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
             .tls_backend_rustls()
             .pool_max_idle_per_host(t.max_concurrent_requests.max(1) as usize)
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                let first = attempt.previous().first().cloned();
+                if attempt.previous().len() > MAX_REDIRECTS
+                    || first.is_none_or(|f| !same_origin(&f, attempt.url()))
+                {
+                    attempt.stop()
+                } else {
+                    attempt.follow()
+                }
+            }))
             .user_agent(concat!("junction/", env!("CARGO_PKG_VERSION")));
         if !t.ca_file.is_empty() {
             let pem =
@@ -165,10 +191,20 @@ impl Client {
         self.requests.load(Ordering::Relaxed)
     }
 
+    /// A link the BMC gave, resolved against the target: only on the target's origin (a BMC
+    /// must not be able to send Junction's credentials to another host).
     fn url(&self, path: &str) -> Result<reqwest::Url, Error> {
-        self.base
+        let url = self
+            .base
             .join(path)
-            .map_err(|e| Error::Protocol(path.to_string(), e.to_string()))
+            .map_err(|e| Error::Protocol(crate::redact::url(path), e.to_string()))?;
+        if !same_origin(&url, &self.base) {
+            return Err(Error::Protocol(
+                crate::redact::url(path),
+                "a link to another host, port or scheme than the target's; not followed".into(),
+            ));
+        }
+        Ok(url)
     }
 
     fn session_token(&self) -> Option<String> {
@@ -282,13 +318,123 @@ impl Client {
                 }
                 return Err(Error::Auth(status.as_u16()));
             }
+            if status.is_redirection() {
+                return Err(Error::Protocol(
+                    path.to_string(),
+                    "redirected to another host, port or scheme (or too often); not followed"
+                        .into(),
+                ));
+            }
             if !status.is_success() {
                 return Err(Error::Status(status.as_u16(), path.to_string()));
             }
-            let bytes = resp.bytes().await.map_err(|e| classify(&e))?;
+            let too_big = || {
+                Error::Protocol(
+                    path.to_string(),
+                    format!("the answer is over {} MiB; not read", MAX_RESPONSE >> 20),
+                )
+            };
+            if resp
+                .content_length()
+                .is_some_and(|n| n > MAX_RESPONSE as u64)
+            {
+                return Err(too_big());
+            }
+            let mut resp = resp;
+            let mut bytes = Vec::new();
+            while let Some(chunk) = resp.chunk().await.map_err(|e| classify(&e))? {
+                if bytes.len() + chunk.len() > MAX_RESPONSE {
+                    return Err(too_big());
+                }
+                bytes.extend_from_slice(&chunk);
+            }
             return serde_json::from_slice(&bytes)
                 .map_err(|e| Error::Protocol(path.to_string(), format!("not JSON: {e}")));
         }
         Err(Error::Auth(401))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A loopback HTTP server answering every request with `answer(path)`; counts requests
+    /// and those that carried credentials.
+    async fn server(answer: fn(&str, u16) -> String) -> (u16, Arc<AtomicU64>, Arc<AtomicU64>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let (seen, creds) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (s2, c2) = (seen.clone(), creds.clone());
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = l.accept().await {
+                let mut buf = vec![0u8; 8192];
+                let n = c.read(&mut buf).await.unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                s2.fetch_add(1, Ordering::SeqCst);
+                let lower = req.to_ascii_lowercase();
+                if lower.contains("authorization:") || lower.contains("x-auth-token:") {
+                    c2.fetch_add(1, Ordering::SeqCst);
+                }
+                let path = req.split(' ').nth(1).unwrap_or("/").to_string();
+                let _ = c.write_all(answer(&path, port).as_bytes()).await;
+            }
+        });
+        (port, seen, creds)
+    }
+
+    /// A BMC whose links and redirects point at another loopback server: that server never
+    /// sees a request (let alone one with credentials); an answer over the cap is not read.
+    #[test]
+    fn links_and_redirects_stay_on_the_targets_origin() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let (other, seen, _) = server(|_, _| {
+                "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}".into()
+            })
+            .await;
+            static OTHER: AtomicU64 = AtomicU64::new(0);
+            OTHER.store(u64::from(other), Ordering::SeqCst);
+            let (bmc, _, creds) = server(|path, _| {
+                let other = OTHER.load(Ordering::SeqCst);
+                match path {
+                    "/redfish/v1/redirect" => format!(
+                        "HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:{other}/steal\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    ),
+                    "/redfish/v1/big" => "HTTP/1.1 200 OK\r\ncontent-length: 20000000\r\nconnection: close\r\n\r\n{".into(),
+                    _ => "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}".into(),
+                }
+            })
+            .await;
+            let t = RedfishTarget {
+                url: format!("http://127.0.0.1:{bmc}"),
+                username: "admin".into(),
+                timeout_secs: 5,
+                ..Default::default()
+            };
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let c = Client::new(&t, Some("secret".into())).expect("client");
+            assert!(c.get("/redfish/v1").await.is_ok());
+            assert_eq!(creds.load(Ordering::SeqCst), 1, "the target itself gets them");
+            for link in [
+                format!("http://127.0.0.1:{other}/steal"),
+                format!("//127.0.0.1:{other}/steal"),
+                format!("https://127.0.0.1:{bmc}/redfish/v1"),
+                "/redfish/v1/redirect".to_string(),
+            ] {
+                let e = c.get(&link).await.expect_err(&link);
+                assert!(matches!(e, Error::Protocol(..)), "{link}: {e}");
+            }
+            assert_eq!(seen.load(Ordering::SeqCst), 0, "the other server saw nothing");
+            let e = c.get("/redfish/v1/big").await.expect_err("too big");
+            assert!(e.to_string().contains("MiB"), "{e}");
+        });
     }
 }

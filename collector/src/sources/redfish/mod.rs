@@ -106,7 +106,7 @@ impl RedfishConfig {
                     key: key("url"),
                     message: format!(
                         "{:?} is not an http(s) URL; write e.g. \"https://10.0.0.17\"",
-                        t.url
+                        crate::redact::url(&t.url)
                     ),
                 }),
             }
@@ -200,7 +200,7 @@ async fn poll_once(
             *stats.failures.entry(e.kind()).or_default() += 1;
             let msg = e.to_string();
             if last_error.as_deref() != Some(msg.as_str()) {
-                tracing::warn!(target = %name, url = %t.url, error = %msg, "Redfish poll failed");
+                tracing::warn!(target = %name, url = %crate::redact::url(&t.url), error = %msg, "Redfish poll failed");
                 *last_error = Some(msg);
             }
             false

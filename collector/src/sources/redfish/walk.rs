@@ -189,10 +189,21 @@ impl Walker {
         let Some(doc) = doc else {
             return Vec::new();
         };
-        doc.get("Members")
-            .and_then(Value::as_array)
+        let members = doc.get("Members").and_then(Value::as_array);
+        if let Some(m) = members
+            && m.len() > super::client::MAX_MEMBERS
+        {
+            tracing::warn!(
+                collection = path,
+                members = m.len(),
+                read = super::client::MAX_MEMBERS,
+                "a Redfish collection has more members than Junction reads; the rest are skipped"
+            );
+        }
+        members
             .map(|m| {
                 m.iter()
+                    .take(super::client::MAX_MEMBERS)
                     .filter_map(|e| {
                         let url = e.get("@odata.id")?.as_str()?.to_string();
                         // An expanded member carries more than its link.
