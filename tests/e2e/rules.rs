@@ -387,10 +387,10 @@ fn faulty_cdu() -> DynamicBmc {
     })
 }
 
-const KERN_LINES: &str = "[100.000001] NVRM: Xid (PCI:0000:2a:00): 48, pid=4242, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU (0x00000000).\n\
-         [100.000002] NVRM: Xid (PCI:0000:9a:00): 119, pid=4243, name=python3, Timeout after 6s of waiting for RPC response from GPU4 GSP!\n\
-         [100.000003] NVRM: Xid (PCI:0000:18:00): 13, pid=4244, name=python3, Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Illegal Instruction Parameter\n\
-         [100.000004] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up\n";
+const KERN_LINES: &str = "Dec  1 00:00:01 node kernel: [100.000001] NVRM: Xid (PCI:0000:2a:00): 48, pid=4242, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU (0x00000000).\n\
+         Dec  1 00:00:02 node kernel: [100.000002] NVRM: Xid (PCI:0000:9a:00): 119, pid=4243, name=python3, Timeout after 6s of waiting for RPC response from GPU4 GSP!\n\
+         Dec  1 00:00:03 node kernel: [100.000003] NVRM: Xid (PCI:0000:18:00): 13, pid=4244, name=python3, Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Illegal Instruction Parameter\n\
+         Dec  1 00:00:04 node kernel: [100.000004] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up\n";
 
 /// A kernel-log file Junction follows (empty: it reads what is appended).
 fn kmsg_file() -> PathBuf {

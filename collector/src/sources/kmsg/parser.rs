@@ -573,7 +573,7 @@ mod tests {
             format!("tmpfs: Unknown parameter '{xid}'"),
             format!("audit: type=1400 msg='{xid}'"),
             format!(" {xid}"),
-            format!("foo: nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 48"),
+            "foo: nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 48".to_string(),
         ] {
             assert_eq!(p.line(&quoted), Parsed::Other, "{quoted}");
         }
