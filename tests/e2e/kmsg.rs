@@ -76,7 +76,7 @@ pub(crate) fn scenario(d: u32, gpus: u32, extra: &str) -> PathBuf {
     path
 }
 
-fn config(port: u16, state: &Path, kmsg: &str) -> String {
+pub(crate) fn config(port: u16, state: &Path, kmsg: &str) -> String {
     let base = support::sim_config("current", port, "lost_retry_max_secs = 1");
     let (head, rest) = base.split_once("state_dir = ").expect("a state_dir line");
     let rest = rest.split_once('\n').map_or("", |(_, r)| r);
@@ -86,7 +86,7 @@ fn config(port: u16, state: &Path, kmsg: &str) -> String {
     )
 }
 
-fn start(scenario: &Path, config: &str) -> Agent {
+pub(crate) fn start(scenario: &Path, config: &str) -> Agent {
     let mut a = Agent::spawn_config_path(scenario, config, &[]);
     a.wait_for(Duration::from_secs(30), |m| {
         m.contains("hw_gpu_memory_usage_bytes")
@@ -94,7 +94,7 @@ fn start(scenario: &Path, config: &str) -> Agent {
     a
 }
 
-fn xid(body: &str, gpu: &str, code: &str) -> Option<f64> {
+pub(crate) fn xid(body: &str, gpu: &str, code: &str) -> Option<f64> {
     value(
         &parse(body),
         "gpu_xid_errors_total",

@@ -9,34 +9,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::kmsg::{domain, kmsg_write, scenario};
-use crate::support::{self, Agent, parse, value, wait_until};
-
-fn config(port: u16, state: &Path, kmsg: &str) -> String {
-    let base = support::sim_config("current", port, "lost_retry_max_secs = 1");
-    let (head, rest) = base.split_once("state_dir = ").expect("a state_dir line");
-    let rest = rest.split_once('\n').map_or("", |(_, r)| r);
-    format!(
-        "{head}state_dir = {:?}\n{rest}\n[sources.kmsg]\n{kmsg}\n",
-        state.display().to_string()
-    )
-}
-
-fn start(scenario: &Path, config: &str) -> Agent {
-    let mut a = Agent::spawn_config_path(scenario, config, &[]);
-    a.wait_for(Duration::from_secs(30), |m| {
-        m.contains("hw_gpu_memory_usage_bytes")
-    });
-    a
-}
-
-fn xid(body: &str, gpu: &str, code: &str) -> Option<f64> {
-    value(
-        &parse(body),
-        "gpu_xid_errors_total",
-        &[("hw_id", gpu), ("gpu_xid", code)],
-    )
-}
+use crate::kmsg::{config, domain, kmsg_write, scenario, start, xid};
+use crate::support::{self, parse, value, wait_until};
 
 fn saved(state: &Path) -> serde_json::Value {
     std::fs::read(state.join("xid.json"))
