@@ -116,7 +116,7 @@ fn bmc_table(model: &Model, out: &mut String) {
             if let Some(p) = r.point {
                 name = format!("{name} ({p})");
             }
-            name.truncate(44);
+            let name = clip(&name, 44);
             let _ = writeln!(
                 out,
                 "{:<44} {:>14} {:<8} {:<8} {}",
@@ -262,8 +262,7 @@ pub fn table(model: &Model) -> String {
         let total = find(g, Metric::MemoryLimit, &[]);
         let util = find(g, Metric::Utilization, &[("hw.gpu.task", "general")]);
         let sm = find(g, Metric::ClockFrequency, &[("gpu.clock.domain", "sm")]);
-        let mut name = g.info.name.clone();
-        name.truncate(24);
+        let name = clip(&g.info.name, 24);
         let reasons = model.health.reasons(&g.info.uuid);
         let _ = writeln!(
             out,
@@ -338,4 +337,24 @@ pub fn table(model: &Model) -> String {
         }
     }
     out
+}
+
+/// At most `n` characters of outside text (a BMC's sensor name, a GPU's product name), cut at
+/// a character, never inside one.
+fn clip(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    /// Names from a BMC are cut at a character (`truncate` inside one panicked).
+    #[test]
+    fn clipping_names_never_splits_a_character() {
+        let name = "Température de l’entrée du liquide — circuit secondaire °C";
+        assert_eq!(super::clip(name, 44).chars().count(), 44);
+        assert_eq!(super::clip("ü", 24), "ü");
+        for n in 0..80 {
+            let _ = super::clip(name, n);
+        }
+    }
 }

@@ -338,11 +338,15 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
+        // The two hex digits are read as bytes: text after a `%` may be any UTF-8.
+        let hex = |c: u8| (c as char).to_digit(16);
         if b[i] == b'%'
-            && i + 2 < b.len()
-            && let Ok(x) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+            && let (Some(h), Some(l)) = (
+                b.get(i + 1).copied().and_then(hex),
+                b.get(i + 2).copied().and_then(hex),
+            )
         {
-            out.push(x);
+            out.push((h * 16 + l) as u8);
             i += 3;
             continue;
         }
@@ -369,6 +373,18 @@ mod tests {
         let mut c = OtlpConfig::default();
         f(&mut c);
         c
+    }
+
+    /// Any text after a `%` decodes without a panic (a byte index inside a multi-byte
+    /// character panicked before).
+    #[test]
+    fn percent_decoding_takes_any_text() {
+        assert_eq!(percent_decode("a%41%42c"), "aABc");
+        for s in ["%é", "%%", "%4", "%", "x%e9%", "%€€", "%4é", "é%41"] {
+            let _ = percent_decode(s);
+        }
+        assert_eq!(percent_decode("é%41"), "éA");
+        assert_eq!(percent_decode("%4é"), "%4é");
     }
 
     #[test]

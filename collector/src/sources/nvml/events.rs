@@ -57,11 +57,11 @@ pub fn run(nvml: &Nvml, model: &Arc<Model>, gpus: u32, shutdown: &Shutdown) {
                     continue;
                 };
                 let uuid = data.device.uuid().ok();
-                let pci = data
-                    .device
-                    .pci_info()
-                    .ok()
-                    .map(|p| super::normalise_bus_id(&p.bus_id)[..10].to_string());
+                let pci = data.device.pci_info().ok().and_then(|p| {
+                    super::normalise_bus_id(&p.bus_id)
+                        .get(..10)
+                        .map(str::to_string)
+                });
                 model.record_xid(Report {
                     via: Via::Nvml,
                     bus_line: false,
