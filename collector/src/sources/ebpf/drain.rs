@@ -244,13 +244,30 @@ impl Drain<'_> {
         for (tgid, _) in self.tracker.expire(retention) {
             self.identified.remove(&tgid);
         }
+        // cgroup paths only of processes still tracked.
+        let live: std::collections::HashSet<u64> =
+            self.tracker.procs.values().map(|p| p.cgroup_id).collect();
+        self.cgroup_paths.retain(|id, _| live.contains(id));
         self.publish(m);
     }
 
     fn publish(&mut self, m: &Maps) {
-        let minors: StdHashMap<u32, String> = self
-            .model
-            .snapshot()
+        let gpus = self.model.snapshot();
+        // What a process may claim is bounded by what the node has.
+        self.tracker.inventory = gpus.iter().map(|g| g.info.uuid.clone()).collect();
+        if let Some(most) = gpus
+            .iter()
+            .filter_map(|g| {
+                g.groups.iter().flat_map(|x| x.iter()).find_map(|s| {
+                    (s.metric == Metric::MemoryLimit && s.attr("hw.gpu.memory.state").is_none())
+                        .then_some(s.value as u64)
+                })
+            })
+            .max()
+        {
+            self.tracker.max_object_bytes = most.max(1 << 30);
+        }
+        let minors: StdHashMap<u32, String> = gpus
             .into_iter()
             .filter_map(|g| g.info.minor_number.map(|n| (n, g.info.uuid)))
             .collect();

@@ -113,13 +113,44 @@ pub enum Note {
     },
 }
 
-/// Every traced process.
-#[derive(Debug, Default)]
+/// Processes tracked at once, at most (a fork bomb of ioctl callers is not tracked past it).
+pub const MAX_PROCS: usize = 4096;
+/// RM objects kept per process, at most: more are counted in its totals, not kept.
+pub const MAX_OBJECTS: usize = 16384;
+/// Clients with UVM registrations per process, and GPUs per client, at most.
+pub const MAX_UVM_CLIENTS: usize = 64;
+/// GPUs one client may register, at most (an NVL72 rack's GPUs are 72).
+pub const MAX_UVM_GPUS: usize = 72;
+/// Device instances mapped to GPUs, at most.
+pub const MAX_DEVICE_IDS: usize = 256;
+
+/// Every traced process. What a process reports of itself (its parameter blocks) may be
+/// wrong; it can never grow the tracker past the caps above, name a GPU the inventory does
+/// not have, or count more memory for one object than the largest GPU has.
+#[derive(Debug)]
 pub struct Tracker {
     /// By tgid.
     pub procs: BTreeMap<u32, Proc>,
     /// Device instance → GPU UUID, learned.
     device_ids: BTreeMap<u32, String>,
+    /// The inventory's GPU UUIDs (empty: not known, every UUID is taken, within the caps).
+    pub inventory: BTreeSet<String>,
+    /// The largest GPU's memory: no object is counted larger.
+    pub max_object_bytes: u64,
+    /// Records dropped by the caps.
+    pub dropped: u64,
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Self {
+            procs: BTreeMap::new(),
+            device_ids: BTreeMap::new(),
+            inventory: BTreeSet::new(),
+            max_object_bytes: u64::MAX,
+            dropped: 0,
+        }
+    }
 }
 
 fn comm_str(c: &[u8; 16]) -> String {
@@ -138,6 +169,11 @@ impl Tracker {
     /// Applies one call record.
     pub fn call(&mut self, c: &Call, notes: &mut Vec<Note>) {
         let is_new = !self.procs.contains_key(&c.tgid);
+        if is_new && self.procs.len() >= MAX_PROCS {
+            self.dropped += 1;
+            return;
+        }
+        let max_bytes = self.max_object_bytes;
         let p = self
             .procs
             .entry(c.tgid)
@@ -177,19 +213,26 @@ impl Tracker {
                     parent: c.parent,
                     class: c.class,
                     size: if class::is_memory(c.class) {
-                        c.value
+                        c.value.min(max_bytes)
                     } else {
                         0
                     },
                     extra: c.extra,
                 };
-                p.allocated += obj.size;
+                p.allocated = p.allocated.saturating_add(obj.size);
                 if c.class == class::CHANNEL_GROUP && c.extra == class::ENGINE_GRAPHICS {
-                    p.contexts_created += 1;
+                    p.contexts_created = p.contexts_created.saturating_add(1);
+                }
+                if p.objects.len() >= MAX_OBJECTS && !p.objects.contains_key(&(c.client, c.handle))
+                {
+                    // Counted in the totals, not kept (nor counted as live on a GPU).
+                    p.freed = p.freed.saturating_add(obj.size);
+                    self.dropped += 1;
+                    return;
                 }
                 // A handle reused without a free (a lost record): the old object is gone.
                 if let Some(old) = p.objects.insert((c.client, c.handle), obj) {
-                    p.freed += old.size;
+                    p.freed = p.freed.saturating_add(old.size);
                 }
             }
             Op::RmFree => {
@@ -203,23 +246,28 @@ impl Tracker {
                         .copied()
                         .collect()
                 } else {
-                    let mut set: BTreeSet<u32> = BTreeSet::from([c.handle]);
-                    loop {
-                        let before = set.len();
-                        for ((cl, h), o) in &p.objects {
-                            if *cl == client && set.contains(&o.parent) {
-                                set.insert(*h);
-                            }
-                        }
-                        if set.len() == before {
-                            break;
+                    // One pass to index the client's children, one walk down: linear in the
+                    // objects, however deep or wide the tree.
+                    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+                    for ((cl, h), o) in &p.objects {
+                        if *cl == client && *h != o.parent {
+                            children.entry(o.parent).or_default().push(*h);
                         }
                     }
-                    set.into_iter().map(|h| (client, h)).collect()
+                    let mut seen: BTreeSet<u32> = BTreeSet::from([c.handle]);
+                    let mut stack = vec![c.handle];
+                    while let Some(h) = stack.pop() {
+                        for k in children.get(&h).into_iter().flatten() {
+                            if seen.insert(*k) {
+                                stack.push(*k);
+                            }
+                        }
+                    }
+                    seen.into_iter().map(|h| (client, h)).collect()
                 };
                 for k in doomed {
                     if let Some(o) = p.objects.remove(&k) {
-                        p.freed += o.size;
+                        p.freed = p.freed.saturating_add(o.size);
                     }
                 }
                 if c.handle == client {
@@ -228,6 +276,14 @@ impl Tracker {
             }
             Op::UvmRegisterGpu => {
                 let uuid = uuid_string(&c.uuid);
+                // Only GPUs this node has; within the caps.
+                let known = self.inventory.is_empty() || self.inventory.contains(&uuid);
+                let room = p.uvm.contains_key(&c.client) || p.uvm.len() < MAX_UVM_CLIENTS;
+                let gpus = p.uvm.get(&c.client).map_or(0, BTreeSet::len);
+                if !known || !room || gpus >= MAX_UVM_GPUS {
+                    self.dropped += 1;
+                    return;
+                }
                 if p.uvm.entry(c.client).or_default().insert(uuid.clone()) {
                     notes.push(Note::GpuRegistered { tgid: c.tgid, uuid });
                 }
@@ -254,6 +310,7 @@ impl Tracker {
             .collect();
         if let ([d], 1) = (devices.as_slice(), gpus.len())
             && let Some(uuid) = gpus.iter().next()
+            && (self.device_ids.len() < MAX_DEVICE_IDS || self.device_ids.contains_key(d))
         {
             self.device_ids.insert(*d, uuid.clone());
         }
@@ -368,8 +425,8 @@ impl Tracker {
                 continue;
             };
             let h = out.entry(g).or_default();
-            h.memory += o.size;
-            h.contexts += u64::from(context);
+            h.memory = h.memory.saturating_add(o.size);
+            h.contexts = h.contexts.saturating_add(u64::from(context));
         }
         out
     }
@@ -499,11 +556,74 @@ mod tests {
         let minor = |m: u32| (m == 3).then(|| "GPU-three".to_string());
         let h = t.holdings(&t.procs[&100], &minor);
         assert_eq!(h["GPU-three"].memory, 1 << 30);
-        // nvidiactl (minor 255) is no GPU.
+        // nvidiactl (minor 255) is no GPU, even for a resolver that would name one for it.
         let mut ctl = d;
         ctl.rdev = (195 << 20) | 255;
         t.call(&ctl, &mut n);
-        assert_eq!(t.holdings(&t.procs[&100], &minor).len(), 1);
+        let any = |m: u32| Some(format!("GPU-minor-{m}"));
+        let h = t.holdings(&t.procs[&100], &any);
+        assert!(!h.contains_key("GPU-minor-255"), "{h:?}");
+        assert!(h.contains_key("GPU-minor-3"));
+    }
+
+    /// A hostile process: a flood of fake objects, sizes past any GPU, GPUs the node does
+    /// not have, a free of a deep tree, a fork flood. Its figures may be wrong; the tracker
+    /// stays bounded and names only the inventory's GPUs.
+    #[test]
+    fn a_hostile_process_cannot_grow_the_tracker_or_invent_gpus() {
+        let mut t = Tracker {
+            inventory: BTreeSet::from([uuid_string(&UUID)]),
+            max_object_bytes: 80 << 30,
+            ..Tracker::default()
+        };
+        let mut n = Vec::new();
+        for h in 0..(MAX_OBJECTS as u32 + 5000) {
+            t.call(&call(Op::RmAlloc, 1, h, h + 1, 0x40, u64::MAX), &mut n);
+        }
+        let p = &t.procs[&100];
+        assert_eq!(p.objects.len(), MAX_OBJECTS);
+        let each: u64 = 80 << 30;
+        assert_eq!(
+            p.allocated,
+            (MAX_OBJECTS as u64 + 5000) * each,
+            "each clamped"
+        );
+        let mut fake = call(Op::UvmRegisterGpu, 1, 0, 0, 0, 0);
+        fake.uuid = [0x99; 16];
+        t.call(&fake, &mut n);
+        let mut real = call(Op::UvmRegisterGpu, 1, 0, 0, 0, 0);
+        real.uuid = UUID;
+        t.call(&real, &mut n);
+        let h = t.holdings(&t.procs[&100], &none);
+        assert_eq!(h.len(), 1, "only the inventory's GPU: {:?}", h.keys());
+        let one = &h[&uuid_string(&UUID)];
+        assert_eq!(
+            one.memory,
+            MAX_OBJECTS as u64 * each,
+            "only the objects kept are live"
+        );
+        // Sizes add without wrapping.
+        let mut t3 = Tracker::default();
+        t3.call(&call(Op::RmAlloc, 1, 1, 2, 0x40, u64::MAX), &mut n);
+        t3.call(&call(Op::RmAlloc, 1, 1, 3, 0x40, u64::MAX), &mut n);
+        assert_eq!(t3.procs[&100].allocated, u64::MAX, "saturated, not wrapped");
+        // Each object counted at most the largest GPU's memory.
+        let mut t2 = Tracker {
+            max_object_bytes: 80 << 30,
+            ..Tracker::default()
+        };
+        t2.call(&call(Op::RmAlloc, 1, 1, 2, 0x40, u64::MAX), &mut n);
+        assert_eq!(t2.procs[&100].allocated, 80 << 30);
+        // Freeing the root of the 16384-deep chain frees it all, in one linear walk.
+        t.call(&call(Op::RmFree, 1, 0, 1, 0, 0), &mut n);
+        assert!(t.procs[&100].objects.is_empty());
+        // A fork flood: at most MAX_PROCS tracked.
+        for tgid in 0..(MAX_PROCS as u32 + 100) {
+            let mut c = call(Op::RmAlloc, 1, 1, 2, 0x40, 1);
+            c.tgid = 1000 + tgid;
+            t.call(&c, &mut n);
+        }
+        assert_eq!(t.procs.len(), MAX_PROCS);
     }
 
     #[test]
