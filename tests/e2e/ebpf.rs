@@ -79,11 +79,12 @@ fn cgroup2_root() -> PathBuf {
         .expect("a cgroup2 mount")
 }
 
-/// A cgroup named like a Docker container's (systemd driver): `docker-<64 hex>.scope`.
+/// A cgroup named and placed like a Docker container's (systemd driver):
+/// `system.slice/docker-<64 hex>.scope`.
 fn container_cgroup(tag: u32) -> (String, PathBuf) {
     let id = format!("{:08x}{}", tag, "5eed".repeat(14));
     let dir = cgroup2_root()
-        .join("junction-test.slice")
+        .join("system.slice")
         .join(format!("docker-{id}.scope"));
     std::fs::create_dir_all(&dir).expect("create the test cgroup");
     (id, dir)

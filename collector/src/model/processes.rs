@@ -96,55 +96,127 @@ fn pod_uid(s: &str) -> Option<String> {
     (dashed || is_hex(&u, 32)).then_some(u)
 }
 
-/// Container id, runtime and pod UID from one cgroup path, for the naming of Docker
-/// (`/docker/ID`, `docker-ID.scope`), containerd (`cri-containerd-ID.scope`, `/kubepods/…/ID`),
-/// CRI-O (`crio-ID.scope`), podman (`libpod-ID.scope`) and the kubelet's pod cgroups under
-/// either driver (`kubepods-besteffort-pod<UID>.slice`, `/kubepods/burstable/pod<UID>`).
-/// Runtime helper scopes (`crio-conmon-…`, `libpod-conmon-…`) are not containers.
-pub fn parse_cgroup_path(path: &str) -> CgroupIds {
-    let mut ids = CgroupIds::default();
-    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    for (i, seg) in segments.iter().enumerate() {
-        let base = seg
-            .strip_suffix(".scope")
-            .or_else(|| seg.strip_suffix(".slice"))
-            .unwrap_or(seg);
-        // Pod: the last `pod…` component of a segment (`kubepods-burstable-pod<uid>`, `pod<uid>`).
-        if let Some(pos) = base.rfind("pod")
-            && let Some(uid) = pod_uid(&base[pos + 3..])
-        {
-            ids.pod_uid = Some(uid);
-            continue;
-        }
-        if base.contains("conmon") {
-            continue;
-        }
-        let parent = if i > 0 { segments[i - 1] } else { "" };
-        let named = [
-            ("docker-", "docker"),
-            ("cri-containerd-", "containerd"),
-            ("containerd-", "containerd"),
-            ("crio-", "cri-o"),
-            ("libpod-", "podman"),
+/// A container scope as a runtime names it under the systemd driver (`docker-ID.scope`,
+/// `cri-containerd-ID.scope`, `crio-ID.scope`, `libpod-ID.scope`); runtime helper scopes
+/// (`crio-conmon-…`, `libpod-conmon-…`) are not containers.
+fn runtime_scope(seg: &str) -> Option<(String, &'static str)> {
+    let base = seg.strip_suffix(".scope")?;
+    [
+        ("docker-", "docker"),
+        ("cri-containerd-", "containerd"),
+        ("containerd-", "containerd"),
+        ("crio-", "cri-o"),
+        ("libpod-", "podman"),
+    ]
+    .iter()
+    .find_map(|(prefix, rt)| {
+        let id = base.strip_prefix(prefix)?;
+        is_hex(id, 64).then(|| (id.to_string(), *rt))
+    })
+}
+
+/// A pod's cgroup as the kubelet names it: `kubepods[-<qos>]-pod<UID>.slice` (systemd
+/// driver, underscores for dashes) or `pod<UID>` (cgroupfs driver).
+fn pod_segment(seg: &str, systemd: bool) -> Option<String> {
+    let uid = if systemd {
+        let base = seg.strip_suffix(".slice")?;
+        [
+            "kubepods-burstable-pod",
+            "kubepods-besteffort-pod",
+            "kubepods-pod",
         ]
         .iter()
-        .find_map(|(prefix, rt)| base.strip_prefix(prefix).map(|id| (id, *rt)));
-        match named {
-            Some((id, rt)) if is_hex(id, 64) => {
-                ids.container_id = Some(id.to_string());
+        .find_map(|p| base.strip_prefix(p))?
+    } else {
+        seg.strip_prefix("pod")?
+    };
+    pod_uid(uid)
+}
+
+/// Container id, runtime and pod UID from one cgroup path — only in the shapes that the
+/// kubelet and the runtimes create, at the places they create them, none of which an
+/// unprivileged user can write (a user's systemd manager owns `user.slice/…`, a container
+/// with a delegated cgroup owns only its subtree; a name there is theirs to choose):
+/// - the kubelet, systemd driver: `/kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<UID>.slice[/<runtime>-<ID>.scope]`;
+/// - the kubelet, cgroupfs driver: `/kubepods[/<qos>]/pod<UID>[/<ID>]`;
+/// - Docker, containerd, CRI-O outside Kubernetes: `/system.slice/<runtime>-<ID>.scope`;
+///   Docker with cgroupfs: `/docker/<ID>`; podman as root: `/machine.slice/libpod-<ID>.scope`.
+///
+/// A process in a sub-cgroup of a container's (its own init.scope, say) is that container's.
+///
+/// Seen from inside a cgroup namespace (Junction in a pod), a path outside it starts with
+/// `/..`: the common ancestors are cut, so the rest may begin below `kubepods.slice` (a QoS
+/// slice, a pod slice) or at a container scope; it is read as if they were there.
+pub fn parse_cgroup_path(path: &str) -> CgroupIds {
+    let mut seg: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let up = seg.iter().take_while(|s| **s == "..").count();
+    if seg[up..].contains(&"..") {
+        return CgroupIds::default();
+    }
+    seg.drain(..up);
+    if up > 0
+        && let Some(first) = seg.first().copied()
+    {
+        let above: &[&str] = if first.starts_with("kubepods-") && first.ends_with(".slice") {
+            &["kubepods.slice"]
+        } else if matches!(first, "burstable" | "besteffort") || pod_segment(first, false).is_some()
+        {
+            &["kubepods"]
+        } else if runtime_scope(first).is_some_and(|(_, rt)| rt != "podman") {
+            &["system.slice"]
+        } else if runtime_scope(first).is_some() {
+            &["machine.slice"]
+        } else if is_hex(first, 64) {
+            &["docker"]
+        } else {
+            &[]
+        };
+        seg.splice(0..0, above.iter().copied());
+    }
+    let mut ids = CgroupIds::default();
+    match seg.as_slice() {
+        [root @ ("kubepods.slice" | "kubepods"), rest @ ..] => {
+            let systemd = *root == "kubepods.slice";
+            let qos: &[&str] = if systemd {
+                &["kubepods-burstable.slice", "kubepods-besteffort.slice"]
+            } else {
+                &["burstable", "besteffort"]
+            };
+            let rest = match rest.split_first() {
+                Some((q, tail)) if qos.contains(q) => tail,
+                _ => rest,
+            };
+            let Some((pod, tail)) = rest.split_first() else {
+                return ids;
+            };
+            let Some(uid) = pod_segment(pod, systemd) else {
+                return ids;
+            };
+            ids.pod_uid = Some(uid);
+            match tail.first() {
+                Some(c) if systemd => {
+                    if let Some((id, rt)) = runtime_scope(c) {
+                        ids.container_id = Some(id);
+                        ids.runtime = Some(rt);
+                    }
+                }
+                Some(c) if is_hex(c, 64) => ids.container_id = Some((*c).to_string()),
+                _ => {}
+            }
+        }
+        ["system.slice" | "machine.slice", scope, ..] => {
+            if let Some((id, rt)) = runtime_scope(scope)
+                && (seg[0] == "system.slice" || rt == "podman")
+            {
+                ids.container_id = Some(id);
                 ids.runtime = Some(rt);
             }
-            // A bare id: under /docker, or a pod's cgroup (cgroupfs driver).
-            None if is_hex(base, 64) => {
-                ids.container_id = Some(base.to_string());
-                ids.runtime = if parent == "docker" {
-                    Some("docker")
-                } else {
-                    None
-                };
-            }
-            _ => {}
         }
+        ["docker", id, ..] if is_hex(id, 64) => {
+            ids.container_id = Some((*id).to_string());
+            ids.runtime = Some("docker");
+        }
+        _ => {}
     }
     ids
 }
@@ -512,6 +584,65 @@ mod tests {
         // Not an id: wrong length or not hex.
         assert_eq!(ids("/docker/abc123"), (None, None, None));
         assert_eq!(ids("/kubepods/podnot-a-uid/x"), (None, None, None));
+    }
+
+    /// A user's systemd manager (or a container with a delegated cgroup) can create any
+    /// name below its own cgroup: a pod's or a container's name there is not theirs.
+    #[test]
+    fn names_where_users_can_write_them_are_nobodys() {
+        let u = UID.replace('-', "_");
+        for forged in [
+            format!("/user.slice/user-1000.slice/user@1000.service/app.slice/kubepods-besteffort-pod{u}.slice/cri-containerd-{ID}.scope"),
+            format!("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope"),
+            format!("/user.slice/user-1000.slice/user@1000.service/docker-{ID}.scope"),
+            format!("/system.slice/docker-{ID}.scope/kubepods.slice/kubepods-pod{u}.slice/crio-{ID}.scope")
+                .replace(&format!("docker-{ID}.scope"), "tenant.scope"),
+            format!("/junction-test.slice/docker-{ID}.scope"),
+            format!("/machine.slice/docker-{ID}.scope"),
+            format!("/a/kubepods/pod{UID}/{ID}"),
+            format!("/user.slice/docker/{ID}"),
+        ] {
+            let got = ids(&forged);
+            assert_eq!(got.0, None, "{forged}");
+            assert_eq!(got.2, None, "{forged}");
+        }
+        // In the kubelet's pod slice but not where a runtime puts a container: the pod, no
+        // container.
+        assert_eq!(
+            ids(&format!(
+                "/kubepods.slice/kubepods-pod{u}.slice/nested/cri-containerd-{ID}.scope"
+            )),
+            (None, None, Some(UID.into()))
+        );
+        // Seen from inside a cgroup namespace: the common ancestors cut.
+        assert_eq!(
+            ids(&format!(
+                "/../../../kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{ID}.scope"
+            )),
+            (Some(ID.into()), Some("containerd"), Some(UID.into()))
+        );
+        assert_eq!(
+            ids(&format!("/../../system.slice/docker-{ID}.scope")),
+            (Some(ID.into()), Some("docker"), None)
+        );
+        assert_eq!(ids(&format!("/../docker-{ID}.scope")).0, Some(ID.into()));
+        assert_eq!(
+            ids(&format!(
+                "/../../user.slice/user-1000.slice/user@1000.service/kubepods-pod{u}.slice/crio-{ID}.scope"
+            )),
+            (None, None, None)
+        );
+        assert_eq!(
+            ids(&format!("/system.slice/../docker-{ID}.scope")),
+            (None, None, None)
+        );
+        // A container's own sub-cgroup is still that container.
+        assert_eq!(
+            ids(&format!(
+                "/kubepods.slice/kubepods-pod{u}.slice/cri-containerd-{ID}.scope/init.scope"
+            )),
+            (Some(ID.into()), Some("containerd"), Some(UID.into()))
+        );
     }
 
     #[test]

@@ -862,9 +862,7 @@ pub fn demo(opts: Options) -> Result<()> {
             .stderr(Stdio::null());
         if let Some(cg) = cgroup2_root() {
             let id = format!("de0de0{}00", "7a11".repeat(14));
-            let d = cg
-                .join("junction-demo.slice")
-                .join(format!("docker-{id}.scope"));
+            let d = cg.join("system.slice").join(format!("docker-{id}.scope"));
             if std::fs::create_dir_all(&d).is_ok() {
                 cmd.env("JUNCTION_DEMO_CGROUP", d.join("cgroup.procs"));
                 cgroup_dir = Some(d);
@@ -942,10 +940,8 @@ pub fn demo(opts: Options) -> Result<()> {
     }
     drop(started);
     if let Some(d) = cgroup_dir {
+        // Its own scope only: system.slice is the host's.
         let _ = std::fs::remove_dir(&d);
-        if let Some(p) = d.parent() {
-            let _ = std::fs::remove_dir(p);
-        }
     }
     let seen = receiver.seen();
     if opts.secs.is_some() {
