@@ -13,7 +13,7 @@
 //! makes the same system calls (as libcap's psx does). Root's automatic capabilities on exec are
 //! turned off (securebits NOROOT), so a tool Junction runs (ipmi-sensors) gets none.
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// `CAP_DAC_READ_SEARCH`.
@@ -200,6 +200,93 @@ pub fn drop_all_but(keep: &[u32]) -> Result<u64, String> {
     }
 }
 
+/// Closed while `junction run` starts its sources with every capability: whatever reads
+/// untrusted input (the kernel log, BMCs, the kubelet, `/metrics` peers, the BPF ring) waits
+/// here until the capabilities are dropped. Open by default (`junction once`, tests).
+static CLOSED: AtomicBool = AtomicBool::new(false);
+static OPENED: (std::sync::Mutex<()>, std::sync::Condvar) =
+    (std::sync::Mutex::new(()), std::sync::Condvar::new());
+static OPENED_ASYNC: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Closes the gate (before the sources start).
+pub fn close_gate() {
+    CLOSED.store(true, Ordering::SeqCst);
+}
+
+/// Opens the gate (the capabilities are dropped, or are not to be).
+pub fn open_gate() {
+    let _g = crate::model::lock(&OPENED.0);
+    CLOSED.store(false, Ordering::SeqCst);
+    OPENED.1.notify_all();
+    OPENED_ASYNC.notify_waiters();
+}
+
+/// Waits (blocking) until the gate is open.
+pub fn wait_gate() {
+    let mut g = crate::model::lock(&OPENED.0);
+    while CLOSED.load(Ordering::SeqCst) {
+        g = OPENED.1.wait(g).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Waits until the gate is open.
+pub async fn gate() {
+    loop {
+        let opened = OPENED_ASYNC.notified();
+        if !CLOSED.load(Ordering::SeqCst) {
+            return;
+        }
+        opened.await;
+    }
+}
+
+/// Checks every thread of this process (`/proc/self/task/*/status`): effective and
+/// permitted sets within `mask`, no inheritable or ambient capability, `no_new_privs` set.
+/// The bounding set is not required to shrink (that needs CAP_SETPCAP, which a container
+/// rarely has; with `no_new_privs` an exec gains nothing from it).
+pub fn verify(mask: u64) -> Result<usize, String> {
+    let dir = std::fs::read_dir("/proc/self/task").map_err(|e| format!("/proc/self/task: {e}"))?;
+    let mut threads = 0;
+    for t in dir.flatten() {
+        let path = t.path().join("status");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            // A thread that has ended meanwhile.
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+                .and_then(|v| u64::from_str_radix(v, 16).ok().or_else(|| v.parse().ok()))
+        };
+        let tid = t.file_name().to_string_lossy().to_string();
+        for (name, allowed) in [
+            ("CapEff:", mask),
+            ("CapPrm:", mask),
+            ("CapInh:", 0),
+            ("CapAmb:", 0),
+        ] {
+            match field(name) {
+                Some(v) if v & !allowed == 0 => {}
+                Some(v) => {
+                    return Err(format!(
+                        "thread {tid} still holds {} in {}",
+                        names(v & !allowed),
+                        name.trim_end_matches(':')
+                    ));
+                }
+                None if name == "CapAmb:" => {}
+                None => return Err(format!("{}: no {name}", path.display())),
+            }
+        }
+        if field("NoNewPrivs:") != Some(1) {
+            return Err(format!("thread {tid} has no no_new_privs"));
+        }
+        threads += 1;
+    }
+    Ok(threads)
+}
+
 /// Names of capabilities in a mask.
 pub fn names(mask: u64) -> String {
     let n = |c: u32| match c {
@@ -212,5 +299,42 @@ pub fn names(mask: u64) -> String {
         "none".into()
     } else {
         v.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The check fails for a process that still holds what it should not (this test process:
+    /// root's capabilities in CI, no `no_new_privs` anywhere), naming what is held.
+    #[test]
+    fn the_check_names_a_thread_that_holds_too_much() {
+        let e = verify(0).expect_err("this process has not dropped anything");
+        assert!(e.contains("thread "), "{e}");
+    }
+
+    /// A closed gate holds readers until it opens.
+    #[test]
+    fn the_gate_holds_readers_until_it_opens() {
+        close_gate();
+        let waiter = std::thread::spawn(|| {
+            wait_gate();
+            !CLOSED.load(Ordering::SeqCst)
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let pending = rt.block_on(async {
+            tokio::time::timeout(Duration::from_millis(100), gate())
+                .await
+                .is_err()
+        });
+        assert!(pending, "closed: the async reader waits");
+        assert!(!waiter.is_finished(), "closed: the blocking reader waits");
+        open_gate();
+        assert!(waiter.join().expect("thread"), "opened");
+        rt.block_on(gate());
     }
 }

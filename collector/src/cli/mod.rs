@@ -83,6 +83,8 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     model.processes.set_proc_root(config.proc_root.clone());
     model.open_state(&config.state_dir, &config.proc_root);
     let (stop_sources, stop_sinks) = (Shutdown::default(), Shutdown::default());
+    // Nothing reads untrusted input until the capabilities it does not need are gone.
+    crate::privileges::close_gate();
     let mut sink_tasks = Vec::new();
     for sink in sinks::ALL.iter().filter(|s| (s.enabled)(&config)) {
         let ctx = Ctx {
@@ -112,15 +114,27 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     }
     // Everything that needed privileges is loaded and open: keep only what is still used.
     if config.drop_privileges {
-        match crate::privileges::drop_all_but(&crate::privileges::KEEP) {
-            Ok(0) => {}
-            Ok(kept) => tracing::info!(
+        let dropped = crate::privileges::drop_all_but(&crate::privileges::KEEP)
+            .and_then(|kept| crate::privileges::verify(kept).map(|n| (kept, n)));
+        match dropped {
+            Ok((0, _)) => {}
+            Ok((kept, threads)) => tracing::info!(
                 kept = %crate::privileges::names(kept),
-                "started; dropped every other capability"
+                threads,
+                "started; dropped every other capability (verified on every thread)"
             ),
-            Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
+            // Reported as a source down, so that the health check and the endpoint say so.
+            Err(e) => {
+                tracing::error!(error = %e, "could not drop capabilities; the privileges check is down");
+                model.set_source_up("privileges", false);
+                model.set_source_detail(
+                    "privileges",
+                    vec![format!("capabilities not dropped: {e}")],
+                );
+            }
         }
     }
+    crate::privileges::open_gate();
     signals.wait().await;
     tracing::info!("shutting down");
     // Sources first, then the sinks (which may make a final export of what the sources left).

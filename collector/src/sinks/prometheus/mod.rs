@@ -142,6 +142,11 @@ pub async fn serve(
         .max_buf_size(MAX_REQUEST_HEAD);
     let mut refused = 0u64;
     tokio::pin!(shutdown);
+    // Peers are read only once the agent holds no more than it needs.
+    tokio::select! {
+        () = &mut shutdown => return Ok(()),
+        () = crate::privileges::gate() => {}
+    }
     loop {
         let (stream, _) = tokio::select! {
             () = &mut shutdown => break,

@@ -123,6 +123,7 @@ pub fn run(mut loaded: Loaded, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &
     let interval = Duration::from_secs(cfg.interval_secs.max(1));
     let mut last = Instant::now() - interval;
     let fd = m.ring.as_raw_fd();
+    crate::privileges::wait_gate();
     while !shutdown.is_triggered() {
         let mut pfd = libc::pollfd {
             fd,

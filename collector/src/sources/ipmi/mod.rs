@@ -499,6 +499,7 @@ async fn run_target(t: IpmiTarget, model: Arc<Model>, shutdown: Shutdown, up: Ta
     let mut last_error = None;
     // One poll at a time: the next starts when this one is over and the interval has passed
     // since it started.
+    crate::privileges::gate().await;
     let mut ticks = shutdown.ticks(interval);
     while ticks.next().await {
         let Some(ok) = shutdown

@@ -332,6 +332,7 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
                 device_thread = Some(std::thread::Builder::new().name("kmsg".into()).spawn(
                     move || {
                         wait_for_gpus(&cfg, &model);
+                        crate::privileges::wait_gate();
                         device::run(file, &input, &model, &shutdown)
                     },
                 )?);
@@ -362,6 +363,7 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
                 .name("kmsg-files".into())
                 .spawn(move || {
                     wait_for_gpus(&cfg, &model);
+                    crate::privileges::wait_gate();
                     match tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()

@@ -344,6 +344,7 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     Ok(tokio::spawn(async move {
         let interval = Duration::from_secs(cfg.interval_secs.max(1));
         let mut state = State::default();
+        crate::privileges::gate().await;
         let mut ticks = ctx.shutdown.ticks(interval);
         while ticks.next().await {
             if ctx

@@ -250,6 +250,7 @@ async fn run_target(
     let mut last_error = None;
     // One poll at a time: the next starts when this one is over and the interval has passed
     // since it started.
+    crate::privileges::gate().await;
     let mut ticks = shutdown.ticks(interval);
     while ticks.next().await {
         let Some(ok) = shutdown
