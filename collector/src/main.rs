@@ -1,19 +1,10 @@
 //! `junction`: the GPU node telemetry agent.
 
-mod agent;
-mod cli;
-mod config;
-mod model;
-mod privileges;
-mod redact;
-mod shutdown;
-mod sinks;
-mod sources;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use junction::{Format, InventoryFormat, cli, config, model, sinks, sources};
 
 /// GPU node telemetry agent.
 #[derive(Debug, Parser)]
@@ -83,26 +74,6 @@ enum Command {
         #[arg(long, default_value_t = 200_000)]
         calls: u64,
     },
-}
-
-/// `junction once` formats.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Format {
-    /// A per-GPU table, like nvidia-smi.
-    Table,
-    /// Prometheus text exposition.
-    Prometheus,
-    /// JSON.
-    Json,
-}
-
-/// `junction inventory` formats.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum InventoryFormat {
-    /// Text.
-    Table,
-    /// JSON.
-    Json,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

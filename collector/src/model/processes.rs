@@ -464,6 +464,12 @@ impl Processes {
     pub fn len(&self) -> usize {
         lock(&self.entries).len()
     }
+
+    /// Whether the table is empty.
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Finds the cgroup v2 directory whose inode number is `id` (what

@@ -1,0 +1,34 @@
+//! Junction, the GPU node telemetry agent, as a library: every source, sink and parser of
+//! outside input, for the `junction` binary, the tests and the fuzz targets.
+
+pub mod agent;
+pub mod cli;
+pub mod config;
+pub mod model;
+pub mod privileges;
+pub mod redact;
+pub mod shutdown;
+pub mod sinks;
+pub mod sources;
+
+use clap::ValueEnum;
+
+/// `junction once` formats.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Format {
+    /// A per-GPU table, like nvidia-smi.
+    Table,
+    /// Prometheus text exposition.
+    Prometheus,
+    /// JSON.
+    Json,
+}
+
+/// `junction inventory` formats.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum InventoryFormat {
+    /// Text.
+    Table,
+    /// JSON.
+    Json,
+}
