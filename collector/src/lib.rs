@@ -13,6 +13,12 @@ pub mod sources;
 
 use clap::ValueEnum;
 
+/// Installs the one TLS provider every rustls user shares (the OTLP and BMC clients); a
+/// second call does nothing.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// `junction once` formats.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Format {

@@ -126,7 +126,7 @@ fn main() -> ExitCode {
         .unwrap_or_else(|| if quiet { "warn" } else { "info" }.into());
     init_logging(&filter);
     // One TLS provider for every rustls user (the OTLP and BMC clients).
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    junction::install_tls_provider();
 
     if let Some(Command::ParseBench { file, rounds }) = &args.command {
         return match sources::kmsg::parse_bench(file, *rounds) {

@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod fuzz;
 mod gpu_check;
 mod image;
 mod setup;
@@ -23,6 +24,9 @@ commands:
                     drops, an IPMI BMC, an ioctl workload, XIDs, an OTLP receiver; a live view
   test              install what the tests need, then run every check and test
   bench [--smoke]   measure CPU and memory per collection; writes BENCHMARKS.md (not with --smoke)
+  fuzz [--secs N] [--write]
+                    fuzz every parser of outside input for N seconds each (default 60); --write
+                    puts the figures in BENCHMARKS.md's fuzzing section
   image             build the container image with podman from the Dockerfile; prints its reference last
   gpu-check         on a GPU host, compare junction with nvidia-smi and pynvml (a dry run without a GPU)
 ";
@@ -40,6 +44,7 @@ fn main() -> Result<()> {
         "test" => test(),
         "bench" => bench::run(rest.iter().any(|a| a == "--smoke")),
         "image" => image::build().map(|r| println!("{r}")),
+        "fuzz" => fuzz_command(rest),
         "gpu-check" => gpu_check::run_check(),
         _ => {
             eprint!("{USAGE}");
@@ -50,6 +55,41 @@ fn main() -> Result<()> {
             }
         }
     }
+}
+
+/// `cargo xtask fuzz [--secs N] [--write]`.
+fn fuzz_command(args: &[String]) -> Result<()> {
+    let secs = args
+        .iter()
+        .position(|a| a == "--secs")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse::<u64>().context("--secs takes a number of seconds"))
+        .transpose()?
+        .unwrap_or(60);
+    let outcomes = fuzz::run_all(u64::MAX / 2, secs)?;
+    let section = fuzz::report(&outcomes, secs);
+    print!("{section}");
+    if args.iter().any(|a| a == "--write") {
+        let path = root().join("BENCHMARKS.md");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let kept = match text.find("\n## Fuzzing\n") {
+            Some(i) => {
+                let rest = &text[i + 1..];
+                let end = rest[3..].find("\n## ").map(|j| i + 1 + 3 + j);
+                format!("{}{}", &text[..i], end.map_or("", |e| &text[e..]))
+            }
+            None => text,
+        };
+        std::fs::write(
+            &path,
+            format!(
+                "{}{section}",
+                kept.trim_end_matches('\n').to_string() + "\n"
+            ),
+        )?;
+        println!("wrote the fuzzing section of BENCHMARKS.md");
+    }
+    Ok(())
 }
 
 /// The workspace root.
@@ -226,6 +266,8 @@ fn test() -> Result<()> {
     ]))?;
     let sim = nvml_sim()?;
     println!("NVML simulator: {}", sim.display());
+    // Every parser of outside input, for a bounded count (longer in `cargo xtask bench`).
+    fuzz::run_all(100_000, 20)?;
     bench::run(true)?;
     // The container tests run the image built from the Dockerfile.
     let image = image::build()?;

@@ -10,7 +10,7 @@ mod load;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-pub use load::load_file;
+pub use load::{load_file, parse_str};
 
 /// Documentation of one field, for the generated example and reference.
 pub struct FieldDoc {

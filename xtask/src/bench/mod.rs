@@ -209,10 +209,20 @@ pub fn run(smoke: bool) -> Result<()> {
     let kmsg = kmsg::run(&bin, &lib, smoke, &dir)?;
     let ebpf = ebpf::run(&bin, smoke)?;
     let bmc = bmc::run(&bin, smoke, &dir)?;
+    // The fuzzers run in the test suite for a bounded count; here for a minute each.
+    let fuzz_secs = 60;
+    let fuzzed = if smoke {
+        Vec::new()
+    } else {
+        crate::fuzz::run_all(u64::MAX / 2, fuzz_secs)?
+    };
     let mut report = report(&results, window, smoke, profile);
     report.push_str(&kmsg_report(&kmsg));
     report.push_str(&ebpf::report(&ebpf));
     report.push_str(&bmc::report(&bmc));
+    if !fuzzed.is_empty() {
+        report.push_str(&crate::fuzz::report(&fuzzed, fuzz_secs));
+    }
     print!("{report}");
     if !smoke {
         std::fs::write(root().join("BENCHMARKS.md"), report)?;

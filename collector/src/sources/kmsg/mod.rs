@@ -415,3 +415,36 @@ pub fn parse_bench(file: &std::path::Path, rounds: u32) -> std::io::Result<Strin
         n as f64 / secs
     ))
 }
+
+/// Entry points for the fuzz targets (`fuzz/`): outside input through the same code the
+/// source runs.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Every line of `text` as a followed file's line would be read.
+    pub fn feed_file_text(model: &Model, text: &str, accept_user_records: bool) {
+        let input = Input::new(Via::File, accept_user_records, Arc::new(Stats::default()));
+        let mut p = Parser::default();
+        for line in text.split('\n') {
+            input.file_line(&mut p, line, SystemTime::now(), model);
+        }
+    }
+
+    /// One `/dev/kmsg` record as the device reader takes it.
+    pub fn feed_record(model: &Model, bytes: &[u8], accept_user_records: bool) {
+        let input = Input::new(Via::Kmsg, accept_user_records, Arc::new(Stats::default()));
+        if let Some(rec) = record::parse(bytes)
+            && (rec.facility == 0 || accept_user_records)
+        {
+            input.line(
+                &mut Parser::default(),
+                &rec.message,
+                SystemTime::now(),
+                model,
+            );
+        }
+    }
+
+    pub use super::files::follow_chunks;
+}

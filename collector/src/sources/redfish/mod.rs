@@ -6,7 +6,7 @@
 //! Needs: network access to the BMC, an account (read-only is enough), its password in a file
 //! or an environment variable, the BMC's CA when it is not a public one.
 
-mod client;
+pub mod client;
 pub mod walk;
 
 use std::sync::Arc;
