@@ -12,7 +12,12 @@ fuzz_target!(|data: &[u8]| {
     let vars: HashMap<String, String> = text
         .lines()
         .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (format!("OTEL_{}", k.trim_start_matches("OTEL_")), v.to_string()))
+        .map(|(k, v)| {
+            (
+                format!("OTEL_{}", k.trim_start_matches("OTEL_")),
+                v.to_string(),
+            )
+        })
         .collect();
     for v in vars.values() {
         let _ = parse_pairs(v);

@@ -78,7 +78,8 @@ fuzz_target!(|data: &[u8]| {
         match doc.as_object() {
             Some(m) if m.keys().any(|k| k.starts_with("/redfish/v1")) => {
                 for (k, v) in m {
-                    tree.0.insert(k.trim_end_matches('/').to_string(), v.to_string());
+                    tree.0
+                        .insert(k.trim_end_matches('/').to_string(), v.to_string());
                 }
             }
             _ => tree.1 = Some(doc.to_string()),
@@ -87,10 +88,7 @@ fuzz_target!(|data: &[u8]| {
     let client = CLIENT.clone();
     let model = MODEL.clone();
     RT.block_on(async move {
-        let _ = tokio::time::timeout(
-            Duration::from_secs(5),
-            walk(client, "fuzz", true, model),
-        )
-        .await;
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), walk(client, "fuzz", true, model)).await;
     });
 });

@@ -263,7 +263,8 @@ pub fn report(outcomes: &[Outcome], secs: u64) -> String {
          each for {secs} s from a corpus seeded with the project's fixtures and the real-world captures in \
          `../shared/realworld/` (kernel-log lines, IPMI outputs, 17 Redfish trees packed one per input). \
          No target crashed, panicked, broke an invariant or passed 512 MiB for one input. \
-         `cargo xtask test` runs each for a bounded count on every CI run.\n\n\
+         `cargo xtask test` runs each for a bounded count on every CI run. \
+         Produced by `cargo xtask fuzz --secs {secs} --write` (or `cargo xtask bench`).\n\n\
          | target | reads | inputs | inputs/s | corpus files | corpus KiB |\n|---|---|---:|---:|---:|---:|\n"
     );
     for o in outcomes {

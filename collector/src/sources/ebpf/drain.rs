@@ -272,6 +272,7 @@ impl Drain<'_> {
             .into_iter()
             .filter_map(|g| g.info.minor_number.map(|n| (n, g.info.uuid)))
             .collect();
+        self.tracker.minors = minors.iter().map(|(m, u)| (*m, u.clone())).collect();
         let minor = |n: u32| minors.get(&n).cloned();
         let mut order: Vec<(u32, Instant)> = self
             .tracker

@@ -137,6 +137,8 @@ pub struct Tracker {
     pub inventory: BTreeSet<String>,
     /// The largest GPU's memory: no object is counted larger.
     pub max_object_bytes: u64,
+    /// GPU minor numbers (`/dev/nvidiaN`) → UUIDs, from the inventory.
+    pub minors: BTreeMap<u32, String>,
     /// Records dropped by the caps.
     pub dropped: u64,
 }
@@ -148,6 +150,7 @@ impl Default for Tracker {
             device_ids: BTreeMap::new(),
             inventory: BTreeSet::new(),
             max_object_bytes: u64::MAX,
+            minors: BTreeMap::new(),
             dropped: 0,
         }
     }
@@ -294,7 +297,10 @@ impl Tracker {
     }
 
     /// A client with one device object and one UVM GPU tells which GPU that device
-    /// instance is.
+    /// instance is — for every process (instances are node-wide), so only when the kernel
+    /// agrees: the process has opened exactly one GPU's `/dev/nvidiaN` (the device number
+    /// comes from the kernel, not from the caller's memory) and it is that GPU. A process that
+    /// lies about its instance or its GPU misleads nobody but itself.
     fn learn(&mut self, tgid: u32, client: u32) {
         let Some(p) = self.procs.get(&tgid) else {
             return;
@@ -302,6 +308,15 @@ impl Tracker {
         let Some(gpus) = p.uvm.get(&client) else {
             return;
         };
+        let opened: BTreeSet<&String> = p
+            .devices
+            .iter()
+            .filter(|r| *r >> 20 == junction_common::nv::NV_MAJOR && (*r & 0xFFFFF) < 248)
+            .filter_map(|r| self.minors.get(&(r & 0xFFFFF)))
+            .collect();
+        if opened.len() != 1 || gpus.len() != 1 || !gpus.iter().all(|g| opened.contains(g)) {
+            return;
+        }
         let devices: Vec<u32> = p
             .objects
             .iter()
@@ -510,8 +525,16 @@ mod tests {
 
     #[test]
     fn device_instances_are_learned_across_processes() {
-        let mut t = Tracker::default();
+        let mut t = Tracker {
+            minors: BTreeMap::from([(0, uuid_string(&UUID))]),
+            ..Tracker::default()
+        };
         let mut n = Vec::new();
+        // The teacher opened /dev/nvidia0, the GPU it registers.
+        let mut open = call(Op::RmAlloc, 0, 0, 0, 0, 0);
+        open.kind = record::DEVICE;
+        open.rdev = 195 << 20;
+        t.call(&open, &mut n);
         let mut dev = call(Op::RmAlloc, 1, 1, 2, class::DEVICE, 0);
         dev.extra = 3;
         t.call(&dev, &mut n);
@@ -535,6 +558,41 @@ mod tests {
         let h = t.holdings(&t.procs[&200], &none);
         assert_eq!(h[&uuid_string(&UUID)].memory, 5 << 20);
         assert_eq!(h[&uuid_string(&[0x22; 16])].memory, 0);
+    }
+
+    /// A process that claims an instance for a GPU whose device it never opened (or with
+    /// another GPU's device open) teaches nothing: another process's memory on that instance
+    /// is not moved to the GPU it named.
+    #[test]
+    fn a_lying_teacher_misleads_nobody_else() {
+        for opened in [None, Some(1u32)] {
+            let mut t = Tracker {
+                minors: BTreeMap::from([(0, uuid_string(&UUID)), (1, uuid_string(&[0x22; 16]))]),
+                ..Tracker::default()
+            };
+            let mut n = Vec::new();
+            if let Some(m) = opened {
+                let mut open = call(Op::RmAlloc, 0, 0, 0, 0, 0);
+                open.kind = record::DEVICE;
+                open.rdev = (195 << 20) | m;
+                t.call(&open, &mut n);
+            }
+            let mut dev = call(Op::RmAlloc, 1, 1, 2, class::DEVICE, 0);
+            dev.extra = 3;
+            t.call(&dev, &mut n);
+            let mut reg = call(Op::UvmRegisterGpu, 1, 0, 0, 0, 0);
+            reg.uuid = UUID;
+            t.call(&reg, &mut n);
+            let mut other = call(Op::RmAlloc, 7, 7, 8, class::DEVICE, 0);
+            other.tgid = 200;
+            other.extra = 3;
+            t.call(&other, &mut n);
+            let mut mem = call(Op::RmAlloc, 7, 8, 9, 0x40, 5 << 20);
+            mem.tgid = 200;
+            t.call(&mem, &mut n);
+            let h = t.holdings(&t.procs[&200], &none);
+            assert!(h.is_empty(), "opened {opened:?}: {h:?}");
+        }
     }
 
     #[test]

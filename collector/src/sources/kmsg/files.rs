@@ -196,6 +196,42 @@ pub async fn run(paths: Vec<String>, input: Input, model: Arc<Model>, shutdown: 
     model.flush_xids(true);
 }
 
+/// Appends `chunks` one by one to a new file in `dir`, following it as the source does after
+/// each; checks that the saved position is always the end of the last complete line, and
+/// that no more than [`MAX_LINE`] bytes of an unfinished line are ever held. For the fuzz
+/// target.
+#[doc(hidden)]
+pub fn follow_chunks(model: &Model, dir: &std::path::Path, chunks: &[&[u8]]) {
+    use std::io::Write as _;
+    let path = dir.join("followed.log");
+    let _ = std::fs::remove_file(&path);
+    let Ok(mut w) = std::fs::File::create(&path) else {
+        return;
+    };
+    let input = Input::new(super::Via::File, true, Arc::new(super::Stats::default()));
+    let mut f = Followed::open(&path.to_string_lossy(), Some(FileCursor::default()));
+    let mut written: Vec<u8> = Vec::new();
+    for c in chunks {
+        if w.write_all(c).is_err() {
+            return;
+        }
+        written.extend_from_slice(c);
+        f.drain(&input, model);
+        let complete = written
+            .iter()
+            .rposition(|b| *b == b'\n')
+            .map_or(0, |i| i as u64 + 1);
+        assert_eq!(
+            f.cursor.offset, complete,
+            "the position is the last complete line's end"
+        );
+        assert!(
+            f.partial.len() <= MAX_LINE + 1,
+            "an unfinished line is held only up to the cap"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,41 +301,5 @@ mod tests {
         assert!(f.partial.capacity() <= 2 * MAX_LINE + 2);
         assert_eq!(xids(&m), 3.0, "the line after the long one");
         let _ = std::fs::remove_dir_all(&dir);
-    }
-}
-
-/// Appends `chunks` one by one to a new file in `dir`, following it as the source does after
-/// each; checks that the saved position is always the end of the last complete line, and
-/// that no more than [`MAX_LINE`] bytes of an unfinished line are ever held. For the fuzz
-/// target.
-#[doc(hidden)]
-pub fn follow_chunks(model: &Model, dir: &std::path::Path, chunks: &[&[u8]]) {
-    use std::io::Write as _;
-    let path = dir.join("followed.log");
-    let _ = std::fs::remove_file(&path);
-    let Ok(mut w) = std::fs::File::create(&path) else {
-        return;
-    };
-    let input = Input::new(super::Via::File, true, Arc::new(super::Stats::default()));
-    let mut f = Followed::open(&path.to_string_lossy(), Some(FileCursor::default()));
-    let mut written: Vec<u8> = Vec::new();
-    for c in chunks {
-        if w.write_all(c).is_err() {
-            return;
-        }
-        written.extend_from_slice(c);
-        f.drain(&input, model);
-        let complete = written
-            .iter()
-            .rposition(|b| *b == b'\n')
-            .map_or(0, |i| i as u64 + 1);
-        assert_eq!(
-            f.cursor.offset, complete,
-            "the position is the last complete line's end"
-        );
-        assert!(
-            f.partial.len() <= MAX_LINE + 1,
-            "an unfinished line is held only up to the cap"
-        );
     }
 }
