@@ -989,7 +989,22 @@ fn a_slow_and_a_silent_bmc_time_out_on_schedule_never_overlap_and_hold_nothing_u
             "{t}: {polls} polls in {elapsed:.1} s, each lasting 2 s"
         );
     }
-    // NVML is unaffected: its data is there and fresh.
+    // NVML is unaffected while the BMCs hang: GPU 0's energy counter moves between two
+    // scrapes (a stalled collection would leave the old series in place).
+    let energy = |m: &str| {
+        let s = parse(m);
+        let gpu = support::uuids(&s).first().cloned().unwrap_or_default();
+        value(&s, "hw_energy_joules_total", &[("hw_id", &gpu)]).unwrap_or(0.0)
+    };
+    let before = support::scrape(agent.port, Duration::from_secs(5)).expect("scrape");
+    std::thread::sleep(Duration::from_millis(2500));
+    let after = support::scrape(agent.port, Duration::from_secs(5)).expect("scrape");
+    assert!(
+        energy(&after) > energy(&before),
+        "NVML stopped updating while the BMCs hang: {} then {}",
+        energy(&before),
+        energy(&after)
+    );
     assert!(body.contains("hw_gpu_memory_usage_bytes"));
     assert!(agent.log().contains("Redfish poll failed"));
 }

@@ -292,4 +292,44 @@ fn healthcheck_says_ok_names_the_sources_down_and_fails_without_an_agent() {
     assert_eq!(gone.status.code(), Some(1));
     let said = String::from_utf8_lossy(&gone.stdout);
     assert!(said.starts_with("unhealthy: no answer from"), "{said}");
+
+    // A source down (no NVML library): exit 1, naming it and no source that is up.
+    let port = support::free_port();
+    let config = support::sim_config("current", port, "").replace(
+        &format!("{:?}", support::sim_lib("current").display().to_string()),
+        "\"libnvidia-ml-absent.so.1\"",
+    );
+    assert!(config.contains("libnvidia-ml-absent.so.1"), "{config}");
+    let agent = Agent::spawn_config("h100-training.toml", &config);
+    let mut last = None;
+    support::wait_until(
+        Duration::from_secs(20),
+        "the healthcheck names nvml",
+        || {
+            let out = support::output(
+                support::junction()
+                    .arg("--config")
+                    .arg(&agent.config)
+                    .arg("healthcheck"),
+            );
+            let said = String::from_utf8_lossy(&out.stdout).to_string();
+            let done = said.contains("nvml");
+            last = Some((out.status.code(), said));
+            done
+        },
+    );
+    let (code, said) = last.expect("an answer");
+    assert_eq!(code, Some(1), "{said}");
+    let down = said
+        .split("sources down: ")
+        .nth(1)
+        .map(|l| l.trim().split(", ").map(str::to_string).collect::<Vec<_>>())
+        .unwrap_or_default();
+    assert!(down.contains(&"nvml".to_string()), "{said}");
+    // The health source is up; the kernel log is up as root (and down, saying why, when the
+    // test runs unprivileged).
+    assert!(
+        down.iter().all(|s| s == "nvml" || s == "kmsg"),
+        "only what is down: {said}"
+    );
 }

@@ -128,8 +128,12 @@ fn off_kubernetes_the_source_says_nothing_and_health_is_not_affected() {
         section(&dir.join("absent.sock"), &dir.join("absent-pods"))
     );
     let mut agent = Agent::spawn_config("h100-training.toml", &config);
-    let page = agent.wait_for(Duration::from_secs(30), |m| m.contains("gpu_info{"));
+    agent.wait_for(Duration::from_secs(30), |m| m.contains("gpu_info{"));
+    // The source polls every second: a page scraped after two intervals is one it could have
+    // written to.
     std::thread::sleep(Duration::from_secs(2));
+    let page = support::scrape(agent.port, Duration::from_secs(5)).expect("scrape");
+    assert!(page.contains("gpu_info{"), "a full page");
     assert!(!page.contains("junction_source=\"kubernetes\""), "{page}");
     let health = support::get(agent.port, "/healthz", Duration::from_secs(5)).expect("healthz");
     assert!(!health.contains("kubernetes"), "{health}");

@@ -517,6 +517,8 @@ fn every_rule_and_dashboard_query_returns_data_against_a_real_prometheus() {
         .filter(|(n, _)| n == "GpuMissing")
         .cloned()
         .collect();
+    // A renamed alert would leave nothing to check here.
+    assert_eq!(gone.len(), 1, "the GpuMissing alert: {gone:?}");
     let missing = until_all_have_data(&prom, &gone, Duration::from_secs(30));
     assert!(missing.is_empty(), "no data for {missing:?}");
     // The agent stops.
@@ -526,6 +528,7 @@ fn every_rule_and_dashboard_query_returns_data_against_a_real_prometheus() {
         .filter(|(n, _)| n == "JunctionDown")
         .cloned()
         .collect();
+    assert_eq!(down.len(), 1, "the JunctionDown alert: {down:?}");
     let missing = until_all_have_data(&prom, &down, Duration::from_secs(30));
     assert!(missing.is_empty(), "no data for {missing:?}");
 }

@@ -261,10 +261,17 @@ mod tests {
     fn waiting_wakes_on_append() {
         let log = Arc::new(EventLog::new(8));
         let l2 = log.clone();
-        let t = std::thread::spawn(move || l2.wait(0, Duration::from_secs(5)));
+        let t = std::thread::spawn(move || l2.wait(0, Duration::from_secs(30)));
         std::thread::sleep(Duration::from_millis(20));
+        let t0 = std::time::Instant::now();
         log.append(ev(1));
         assert!(t.join().expect("join"));
+        // Woken by the append, not by the timeout (a lost notify would take 30 s).
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "woken after {:?}",
+            t0.elapsed()
+        );
         assert!(!log.wait(1, Duration::from_millis(10)));
     }
 }
