@@ -140,8 +140,8 @@ fn lost_gpu_is_failed_and_the_others_go_on() {
         Some(0.0)
     );
     assert_eq!(
-        value(&s, "hw_power_watts", &[("hw_id", g3.as_str())]),
-        None,
+        support::scraped_readings_of(&body, &g3),
+        Vec::<String>::new(),
         "a lost GPU's readings are withdrawn"
     );
     assert!(agent.log().contains("GPU failed"), "{}", agent.log());

@@ -671,16 +671,34 @@ fn a_lost_gpus_readings_stop_being_exported() {
         r.metrics.len() >= n + 2
     });
     let reg = registry();
-    let last = rx.with(|r| otlp_points(r.metrics.last().expect("metrics"), &reg));
-    let of_lost: Vec<_> = last
+    // Before the loss it had readings; in the last export, none.
+    let first = rx.with(|r| otlp_points(r.metrics.first().expect("metrics"), &reg));
+    let had: Vec<String> = first
         .keys()
         .filter(|(_, l)| l.get("hw_id") == Some(&lost))
         .map(|(n, _)| n.clone())
         .collect();
     assert!(
-        !of_lost.contains(&"hw_gpu_memory_usage_bytes".to_string()),
-        "{of_lost:?}"
+        had.contains(&"hw_gpu_memory_usage_bytes".to_string()),
+        "exported before the loss: {had:?}"
     );
-    assert!(of_lost.contains(&"hw_status".to_string()));
+    let last = rx.with(|r| otlp_points(r.metrics.last().expect("metrics"), &reg));
+    let of_lost: Vec<(String, String)> = last
+        .keys()
+        .filter_map(|(n, l)| l.get("hw_id").map(|id| (n.clone(), id.clone())))
+        .collect();
+    let readings = support::readings_of(
+        of_lost.iter().map(|(n, id)| (n.as_str(), id.as_str())),
+        &lost,
+    );
+    assert!(
+        readings.is_empty(),
+        "still exported for the lost GPU: {readings:?}"
+    );
+    assert!(
+        of_lost
+            .iter()
+            .any(|(n, id)| n == "hw_status" && *id == lost)
+    );
     assert!(agent.terminate().success());
 }

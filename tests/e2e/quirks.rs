@@ -284,8 +284,9 @@ fn reset_required_fails_the_gpu_with_the_reason() {
         value(&s, "hw_status", &[("hw_id", g0), ("hw_state", "ok")]),
         Some(1.0)
     );
-    assert!(
-        series(&s, "hw_gpu_memory_usage_bytes", &[("hw_id", g1)]).is_empty(),
+    assert_eq!(
+        support::scraped_readings_of(&body, g1),
+        Vec::<String>::new(),
         "a failed GPU's readings are withdrawn"
     );
     assert!(

@@ -254,6 +254,53 @@ pub fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// What a GPU that is lost (fallen off the bus, failed) may still be exported with: its
+/// identity and state (`model::status_samples`), its health, the agent's own counters about it,
+/// and the XID counters (they count what happened to it, and survive restarts).
+pub const STATUS_FAMILIES: &[&str] = &[
+    "gpu_info",
+    "hw_status",
+    "gpu_health_reason",
+    "gpu_health_action",
+    "junction_nvml_timeouts_total",
+    "junction_nvml_stuck",
+    "junction_nvml_disabled_features",
+    "junction_source_errors_total",
+    "gpu_xid_errors_total",
+    "gpu_xid_last_time_seconds",
+];
+
+/// The metric names exported for `hw_id` that are readings, not status (empty for a lost
+/// GPU whose readings are all withdrawn).
+pub fn readings_of<'a>(
+    names: impl IntoIterator<Item = (&'a str, &'a str)>,
+    hw_id: &str,
+) -> Vec<String> {
+    let mut out: Vec<String> = names
+        .into_iter()
+        .filter(|(_, id)| *id == hw_id)
+        .map(|(n, _)| n)
+        .filter(|n| !STATUS_FAMILIES.contains(n))
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// [`readings_of`] on a scrape.
+pub fn scraped_readings_of(body: &str, hw_id: &str) -> Vec<String> {
+    let s = parse(body);
+    readings_of(
+        s.iter().filter_map(|x| {
+            x.labels
+                .get("hw_id")
+                .map(|id| (x.name.as_str(), id.as_str()))
+        }),
+        hw_id,
+    )
+}
+
 /// GET `/metrics` with a timeout.
 pub fn scrape(port: u16, timeout: Duration) -> Result<String, ureq::Error> {
     get(port, "/metrics", timeout)
