@@ -39,8 +39,10 @@ fn old_driver_disables_what_it_lacks() {
         ),
         Some(2.0)
     );
-    assert!(
-        on("gpu_process_memory_usage_bytes", &[("process_pid", "3100")]).is_some(),
+    // old-driver.toml: pid 3100 uses 9000 MiB (a wrong entry layout still finds the pid).
+    assert_eq!(
+        on("gpu_process_memory_usage_bytes", &[("process_pid", "3100")]),
+        Some(9000.0 * 1024.0 * 1024.0),
         "v2 process list fallback"
     );
     assert_eq!(
@@ -204,14 +206,12 @@ fn hanging_call_is_reported_and_isolated() {
         agent.log()
     );
     let before = body.clone();
-    let start = Instant::now();
     let mut last = String::new();
     for _ in 0..5 {
         last = support::scrape(agent.port, Duration::from_secs(1))
             .expect("/metrics answers within a second while a call hangs");
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert!(start.elapsed() >= Duration::from_millis(2500));
     assert!(
         energy(&last, &ids[0]) > energy(&before, &ids[0]),
         "GPU 0 keeps updating"

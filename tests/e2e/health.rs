@@ -86,12 +86,18 @@ fn a_climbing_hbm_temperature_is_predicted_before_it_crosses_its_limit() {
     );
 }
 
-fn never_predicted(scenario: &str, secs: u64) {
+/// No prediction over `secs` of `scenario`, whose HBM temperature must be read on every
+/// scrape and come within reach of the limit (at least `peak` °C): a scenario that stopped
+/// exporting it, or never got warm, would pass vacuously.
+fn never_predicted(scenario: &str, secs: u64, peak: f64) {
     let mut agent = start(scenario);
     let start = Instant::now();
+    let mut hottest = f64::NEG_INFINITY;
     while start.elapsed() < Duration::from_secs(secs) {
         let body = support::scrape(agent.port, Duration::from_secs(5)).expect("scrape");
         let s = parse(&body);
+        let t = hbm(&s).unwrap_or_else(|| panic!("{scenario}: no HBM temperature:\n{body}"));
+        hottest = hottest.max(t);
         assert!(
             !predicted(&s),
             "{scenario}: predicted_failure at {:.0} s (HBM {:?}):\n{}",
@@ -104,27 +110,31 @@ fn never_predicted(scenario: &str, secs: u64) {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    assert!(
+        hottest >= peak,
+        "{scenario}: HBM reached only {hottest} °C (< {peak})"
+    );
     let _ = agent.terminate();
 }
 
 #[test]
 fn a_plateau_under_the_limit_is_no_prediction() {
-    never_predicted("thermal-plateau.toml", 60);
+    never_predicted("thermal-plateau.toml", 60, 88.0);
 }
 
 #[test]
 fn an_oscillation_is_no_prediction() {
-    never_predicted("thermal-oscillation.toml", 60);
+    never_predicted("thermal-oscillation.toml", 60, 88.0);
 }
 
 #[test]
 fn sensor_noise_is_no_prediction() {
-    never_predicted("thermal-noise.toml", 45);
+    never_predicted("thermal-noise.toml", 45, 88.0);
 }
 
 #[test]
 fn cooling_down_is_no_prediction() {
-    never_predicted("thermal-cooling.toml", 45);
+    never_predicted("thermal-cooling.toml", 45, 88.0);
 }
 
 #[test]

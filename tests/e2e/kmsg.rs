@@ -346,8 +346,19 @@ fn kernel_log_files_follow_restart_rotation_and_floods() {
         ),
     );
     let mut agent = start(&scen, &cfg);
-    let body = agent.wait_for(Duration::from_secs(10), |m| {
+    agent.wait_for(Duration::from_secs(10), |m| {
         xid(m, &ids[0], "13") == Some(2.0)
+    });
+    // A marker after it: once the marker is counted, everything before it has been read, and
+    // the count has not gone past 2 (a replay would).
+    append(
+        &log,
+        &format!(
+            "Nov 30 01:05:30 node kernel: NVRM: Xid (PCI:{d:04x}:19:00): 13, pid=1, name=marker, x\n"
+        ),
+    );
+    let body = agent.wait_for(Duration::from_secs(10), |m| {
+        xid(m, &ids[1], "13") == Some(1.0)
     });
     assert_eq!(
         xid(&body, &ids[0], "13"),

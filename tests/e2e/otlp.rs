@@ -358,8 +358,9 @@ fn events_emitted_while_the_receiver_is_down_arrive_exactly_once() {
         Some(0.0)
     );
     let log = agent.log();
+    // The receiver was down: at least one line, and once per kind and signal, not per export.
     assert!(
-        log.matches("OTLP export failed").count() <= 4,
+        (1..=4).contains(&log.matches("OTLP export failed").count()),
         "failures are logged once per kind and signal, not per export:\n{log}"
     );
     assert!(agent.terminate().success());
@@ -550,8 +551,7 @@ fn tls_with_a_test_ca_and_headers_that_never_reach_a_log() {
     assert_eq!(rx.with(|r| r.metrics.len()), before, "nothing accepted");
     let log = agent.log();
     assert!(
-        log.contains("OTLP export failed")
-            && (log.contains("certificate") || log.contains("Unavailable")),
+        log.contains("OTLP export failed") && log.contains("certificate"),
         "a clear error: {log}"
     );
     assert!(agent.terminate().success());
