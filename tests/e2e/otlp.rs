@@ -188,7 +188,10 @@ fn same_metrics_as_scrape(protocol: &str) {
             .expect("resource")
     });
     assert_eq!(attr(&res.attributes, "service.name"), Some("junction"));
-    assert!(attr(&res.attributes, "service.version").is_some());
+    assert_eq!(
+        attr(&res.attributes, "service.version"),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
     assert!(attr(&res.attributes, "host.name").is_some_and(|h| !h.is_empty()));
     assert_eq!(attr(&res.attributes, "cluster"), Some("test-a"));
     if std::path::Path::new("/etc/machine-id").exists() {

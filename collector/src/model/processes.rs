@@ -670,8 +670,21 @@ mod tests {
     fn this_process_reads_from_proc() {
         let me = read_process(Path::new("/proc"), std::process::id()).expect("self in /proc");
         assert!(read_process(Path::new("/proc"), u32::MAX - 2).is_none());
-        assert!(!me.name.is_empty());
-        assert!(me.start_ticks > 0);
+        // The executable's name (comm is cut at 15 bytes; the name is not).
+        let exe = std::env::current_exe().expect("exe");
+        assert_eq!(
+            Some(me.name.as_str()),
+            exe.file_name().and_then(|n| n.to_str())
+        );
+        // Field 22 of /proc/self/stat, counted after the parenthesised comm.
+        let stat = std::fs::read_to_string("/proc/self/stat").expect("stat");
+        let after = stat.rsplit_once(") ").map(|(_, r)| r).expect("stat fields");
+        let ticks: u64 = after
+            .split_whitespace()
+            .nth(22 - 3)
+            .and_then(|v| v.parse().ok())
+            .expect("starttime");
+        assert_eq!(me.start_ticks, ticks);
         let table = Processes::default();
         let a = table.identify(std::process::id(), None);
         let b = table.identify(std::process::id(), None);

@@ -525,6 +525,7 @@ mod tests {
             &env(&[("OTEL_EXPORTER_OTLP_HEADERS", "secret-without-equals")]),
         )
         .expect_err("rejected");
+        assert_eq!(e.variable, "OTEL_EXPORTER_OTLP_HEADERS");
         assert!(
             !e.to_string().contains("secret"),
             "header values are not echoed: {e}"
