@@ -192,12 +192,18 @@ impl Inner {
                     self.dirty = true;
                 }
             }
-            Checkpoint::File(path, cursor) => {
-                if self.saved.files.get(&**path) != Some(cursor) {
+            // Once per followed line: no allocation but for a file's first position.
+            Checkpoint::File(path, cursor) => match self.saved.files.get_mut(&**path) {
+                Some(c) if c == cursor => {}
+                Some(c) => {
+                    *c = cursor.clone();
+                    self.dirty = true;
+                }
+                None => {
                     self.saved.files.insert(path.to_string(), cursor.clone());
                     self.dirty = true;
                 }
-            }
+            },
         }
     }
 }

@@ -73,11 +73,7 @@ pub fn run(mut file: std::fs::File, input: &Input, model: &Model, shutdown: &Shu
                 // Counted and moved past in one step (a kill between the two would count
                 // the record again, or lose it).
                 model.checkpointed(Checkpoint::Kmsg(next), || {
-                    if rec.facility != 0 && !input.accept_user_records {
-                        input.ignored("records of a facility other than the kernel's");
-                    } else {
-                        input.line(&mut parser, &rec.message, wall_time(rec.usec), model);
-                    }
+                    input.record(&mut parser, &rec, wall_time(rec.usec), model);
                 });
                 input.tick(model);
             }

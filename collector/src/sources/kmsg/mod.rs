@@ -200,6 +200,21 @@ impl Input {
         self.line(parser, l.message, time, model);
     }
 
+    /// One `/dev/kmsg` record: parsed if the kernel wrote it (or `accept_user_records`).
+    fn record(
+        &self,
+        parser: &mut Parser,
+        rec: &record::Record<'_>,
+        time: SystemTime,
+        model: &Model,
+    ) {
+        if rec.facility != 0 && !self.accept_user_records {
+            self.ignored("records of a facility other than the kernel's");
+        } else {
+            self.line(parser, &rec.message, time, model);
+        }
+    }
+
     /// Parses one kernel message and records what it says.
     fn line(&self, parser: &mut Parser, line: &str, time: SystemTime, model: &Model) {
         match parser.line(line) {
@@ -434,15 +449,8 @@ pub mod fuzzing {
     /// One `/dev/kmsg` record as the device reader takes it.
     pub fn feed_record(model: &Model, bytes: &[u8], accept_user_records: bool) {
         let input = Input::new(Via::Kmsg, accept_user_records, Arc::new(Stats::default()));
-        if let Some(rec) = record::parse(bytes)
-            && (rec.facility == 0 || accept_user_records)
-        {
-            input.line(
-                &mut Parser::default(),
-                &rec.message,
-                SystemTime::now(),
-                model,
-            );
+        if let Some(rec) = record::parse(bytes) {
+            input.record(&mut Parser::default(), &rec, SystemTime::now(), model);
         }
     }
 
