@@ -1,0 +1,79 @@
+//! What a walk gathers, and the rule that keeps one reading per sensor: a resource read in
+//! its own right wins over every excerpt of it (`DataSourceUri`), and an excerpt reached twice
+//! (a metric report and a ThermalMetrics array) is kept once.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::super::client::Error;
+use super::Walked;
+use super::map::{Chassis, Out};
+use crate::model::bmc::{Component, Poll, Reading};
+
+/// What a walk has gathered so far.
+#[derive(Default)]
+pub struct Acc {
+    components: Vec<Component>,
+    readings: Vec<Reading>,
+    /// Excerpts, kept until the end: dropped if their source was read as a resource.
+    excerpts: Vec<(Option<String>, Reading)>,
+    /// Resources read (by the URL they were fetched from).
+    pub seen: HashSet<String>,
+    /// Chassis URL → what the walk calls it.
+    pub chassis: BTreeMap<String, Chassis>,
+    /// Chassis that have a `LeakDetectors` collection (the deprecated one in LeakDetection is
+    /// then not read).
+    pub with_detectors: HashSet<String>,
+    /// Resources whose declared `@odata.id` is not the URL they were fetched from.
+    pub misnamed: Vec<(String, String)>,
+    /// Sub-resources that failed.
+    pub failed: u64,
+    /// An error that fails the whole poll (credentials refused past the ServiceRoot, which
+    /// services serve without authentication; TLS; the connection).
+    pub fatal: Option<Error>,
+}
+
+type Key = (String, String, Option<&'static str>, String);
+
+fn key(r: &Reading) -> Key {
+    (
+        r.id.clone(),
+        r.name.clone(),
+        r.point,
+        format!("{:?}", r.quantity),
+    )
+}
+
+impl Acc {
+    /// Adds what documents gave.
+    pub fn add(&mut self, out: Out) {
+        self.components.extend(out.components);
+        self.readings.extend(out.readings);
+        self.excerpts.extend(out.excerpts);
+    }
+
+    /// The walk's result; the fatal error if there was one.
+    pub fn finish(mut self, target: &str, expanded: bool) -> Result<Walked, Error> {
+        if let Some(e) = self.fatal.take() {
+            return Err(e);
+        }
+        let mut keys: HashSet<Key> = self.readings.iter().map(key).collect();
+        for (source, r) in self.excerpts {
+            if source.as_ref().is_some_and(|s| self.seen.contains(s)) {
+                continue;
+            }
+            if keys.insert(key(&r)) {
+                self.readings.push(r);
+            }
+        }
+        Ok(Walked {
+            poll: Poll {
+                target: target.to_string(),
+                components: self.components,
+                readings: self.readings,
+            },
+            failed: self.failed,
+            misnamed: self.misnamed,
+            expanded,
+        })
+    }
+}
