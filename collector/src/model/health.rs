@@ -11,18 +11,124 @@ use std::time::SystemTime;
 use super::events::{EventLog, NewEvent, Severity};
 use super::{HealthState, lock};
 
+/// Defines a closed set of label values: an enum with `as_str()` (the label), `parse()` (from
+/// saved state), `ALL`, and `Serialize` as the label.
+macro_rules! closed_set {
+    ($(#[$m:meta])* pub enum $name:ident { $( $(#[$vm:meta])* $v:ident = $s:literal, )* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum $name { $( $(#[$vm])* $v, )* }
+
+        impl $name {
+            /// Every member.
+            pub const ALL: &'static [$name] = &[$($name::$v,)*];
+
+            /// The label value.
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$v => $s,)* }
+            }
+
+            /// From a label value.
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $($s => Some($name::$v),)* _ => None }
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+closed_set! {
+    /// What a reason asks the operator to do (`gpu.health.action`), least urgent first.
+    pub enum Action {
+        /// Nothing yet (watch it).
+        None = "none",
+        /// Restart the application.
+        RestartApp = "restart_app",
+        /// Reset the GPU.
+        ResetGpu = "reset_gpu",
+        /// Reboot the node.
+        RebootNode = "reboot_node",
+        /// Drain the node and have it serviced.
+        DrainAndService = "drain_and_service",
+    }
+}
+
+closed_set! {
+    /// Why a GPU is not ok (`gpu.health.reason`).
+    pub enum Code {
+        /// NVML: the GPU has fallen off the bus.
+        GpuLost = "gpu_lost",
+        /// NVML: the GPU needs a reset.
+        ResetRequired = "reset_required",
+        /// NVML: the GPU does not answer.
+        GpuUnreachable = "gpu_unreachable",
+        /// NVML: a call has not returned.
+        NvmlCallStuck = "nvml_call_stuck",
+        /// Kernel log: Xid 79.
+        Xid79 = "xid_79",
+        /// Kernel log: Xid 154's recovery action.
+        Xid154 = "xid_154",
+        /// Kernel log: an XID the catalog calls fatal for the GPU.
+        XidFatal = "xid_fatal",
+        /// Rules: uncorrectable ECC errors.
+        EccUncorrectable = "ecc_uncorrectable",
+        /// Rules: a row remap failed.
+        RemapFailed = "remap_failed",
+        /// Rules: a row remap is pending.
+        RemapPending = "remap_pending",
+        /// Rules: retired pages pending.
+        RetiredPagesPending = "retired_pages_pending",
+        /// Rules: too many retired pages.
+        RetiredPagesExcess = "retired_pages_excess",
+        /// Rules: NVML reports a recovery action.
+        RecoveryAction = "recovery_action",
+        /// Rules: a temperature past its slowdown limit.
+        TemperatureOverSlowdown = "temperature_over_slowdown",
+        /// Rules: clocks held back by temperature.
+        ThermalSlowdown = "thermal_slowdown",
+        /// Rules: a hardware slowdown.
+        HwSlowdown = "hw_slowdown",
+        /// Rules: a high PCIe replay rate.
+        PcieReplayRate = "pcie_replay_rate",
+        /// Rules: Xid 94.
+        XidContained = "xid_contained",
+        /// Rules: Xid 63 / 92.
+        XidRetirement = "xid_retirement",
+        /// Rules: corrected ECC errors rising.
+        EccCorrectableRising = "ecc_correctable_rising",
+        /// Rules: a signal that cannot be read.
+        SignalUnreadable = "signal_unreadable",
+        /// Cooling: a coolant reading past its threshold.
+        CoolantOutOfRange = "coolant_out_of_range",
+        /// Cooling: a leak detector reports.
+        LeakDetected = "leak_detected",
+        /// Forecast: a temperature reaches its limit soon.
+        ThermalForecast = "thermal_forecast",
+    }
+}
+
 /// One reason a GPU is not ok.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Reason {
-    /// A code from a closed set (`gpu.health.reason`): `gpu_lost`, `xid_79`, …
-    pub code: &'static str,
+    /// Why (`gpu.health.reason`).
+    pub code: Code,
     /// The state it puts the GPU in.
     pub state: HealthState,
     /// A sentence for the operator.
     pub detail: String,
-    /// The action it calls for (`gpu.health.action`): `none`, `restart_app`, `reset_gpu`,
-    /// `reboot_node`, `drain_and_service`.
-    pub action: &'static str,
+    /// The action it calls for (`gpu.health.action`).
+    pub action: Action,
     /// Since when.
     #[serde(skip)]
     pub since: SystemTime,
@@ -43,7 +149,7 @@ impl HealthState {
 /// The reasons of every GPU, by `hw.id`.
 #[derive(Debug, Default)]
 pub struct Health {
-    reasons: std::sync::Mutex<BTreeMap<String, BTreeMap<&'static str, Reason>>>,
+    reasons: std::sync::Mutex<BTreeMap<String, BTreeMap<Code, Reason>>>,
 }
 
 /// The worst state among reasons.
@@ -56,19 +162,12 @@ pub fn verdict<'a>(reasons: impl IntoIterator<Item = &'a Reason>) -> HealthState
 }
 
 /// The most urgent action among reasons.
-pub fn action<'a>(reasons: impl IntoIterator<Item = &'a Reason>) -> &'static str {
-    let rank = |a: &str| match a {
-        "drain_and_service" => 5,
-        "reboot_node" => 4,
-        "reset_gpu" => 3,
-        "restart_app" => 2,
-        _ => 0,
-    };
+pub fn action<'a>(reasons: impl IntoIterator<Item = &'a Reason>) -> Action {
     reasons
         .into_iter()
         .map(|r| r.action)
-        .max_by_key(|a| rank(a))
-        .unwrap_or("none")
+        .max()
+        .unwrap_or(Action::None)
 }
 
 impl Health {
@@ -77,8 +176,8 @@ impl Health {
         let mut all = lock(&self.reasons);
         let entry = all.entry(hw_id.to_string()).or_default();
         let before = verdict(entry.values());
-        let new = !entry.contains_key(reason.code);
-        let reason = match entry.get(reason.code) {
+        let new = !entry.contains_key(&reason.code);
+        let reason = match entry.get(&reason.code) {
             // Keep when it started; take the newer sentence.
             Some(old) => Reason {
                 since: old.since,
@@ -90,7 +189,7 @@ impl Health {
         entry.insert(code, reason);
         let after = verdict(entry.values());
         if before != after || new {
-            let r = &entry[code];
+            let r = &entry[&code];
             let e = transition(hw_id, before, after, r.detail.clone(), Some(r));
             drop(all);
             events.append(e);
@@ -99,18 +198,19 @@ impl Health {
     }
 
     /// Clears a reason; returns true if the GPU's state changed.
-    pub fn clear(&self, events: &EventLog, hw_id: &str, code: &str) -> bool {
+    pub fn clear(&self, events: &EventLog, hw_id: &str, code: Code) -> bool {
         let mut all = lock(&self.reasons);
         let Some(entry) = all.get_mut(hw_id) else {
             return false;
         };
         let before = verdict(entry.values());
-        let Some(gone) = entry.remove(code) else {
+        let Some(gone) = entry.remove(&code) else {
             return false;
         };
         let after = verdict(entry.values());
         let body = format!("{} cleared: {}", gone.code, gone.detail);
-        let e = transition(hw_id, before, after, body, None).with("gpu.health.reason", gone.code);
+        let e = transition(hw_id, before, after, body, None)
+            .with("gpu.health.reason", gone.code.as_str());
         if entry.is_empty() {
             all.remove(hw_id);
         }
@@ -175,8 +275,8 @@ fn transition(
         .with("hw.state.previous", before.as_str());
     if let Some(r) = raised {
         e = e
-            .with("gpu.health.reason", r.code)
-            .with("gpu.health.action", r.action);
+            .with("gpu.health.reason", r.code.as_str())
+            .with("gpu.health.action", r.action.as_str());
     }
     e
 }
@@ -187,10 +287,10 @@ mod tests {
 
     fn reason(code: &'static str, state: HealthState) -> Reason {
         Reason {
-            code,
+            code: Code::parse(code).expect("a reason code"),
             state,
             detail: code.into(),
-            action: "none",
+            action: Action::None,
             since: SystemTime::now(),
         }
     }
@@ -205,11 +305,11 @@ mod tests {
         ));
         assert!(h.raise(&log, "GPU-1", reason("xid_79", HealthState::Failed)));
         assert_eq!(verdict(&h.reasons("GPU-1")), HealthState::Failed);
-        assert!(!h.clear(&log, "GPU-1", "nvml_call_stuck"), "still failed");
-        assert!(h.clear(&log, "GPU-1", "xid_79"));
+        assert!(!h.clear(&log, "GPU-1", Code::NvmlCallStuck), "still failed");
+        assert!(h.clear(&log, "GPU-1", Code::Xid79));
         assert!(h.reasons("GPU-1").is_empty());
         assert_eq!(log.head(), 4, "two raises, two clears");
-        assert!(!h.clear(&log, "GPU-1", "xid_79"), "nothing to clear");
+        assert!(!h.clear(&log, "GPU-1", Code::Xid79), "nothing to clear");
         assert_eq!(log.head(), 4);
     }
 }

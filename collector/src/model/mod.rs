@@ -341,9 +341,9 @@ impl Model {
     pub fn raise(
         &self,
         hw_id: &str,
-        code: &'static str,
+        code: health::Code,
         state: HealthState,
-        action: &'static str,
+        action: health::Action,
         detail: impl Into<String>,
     ) {
         let reason = health::Reason {
@@ -357,7 +357,7 @@ impl Model {
     }
 
     /// Clears a health reason of the GPU `hw_id`.
-    pub fn clear(&self, hw_id: &str, code: &str) {
+    pub fn clear(&self, hw_id: &str, code: health::Code) {
         self.health.clear(&self.events, hw_id, code);
     }
 }
@@ -408,7 +408,7 @@ pub fn status_samples(
         out.push(
             Sample::new(Metric::HealthReason, 1.0)
                 .with("hw.type", "gpu")
-                .with("gpu.health.reason", r.code),
+                .with("gpu.health.reason", r.code.as_str()),
         );
     }
     out.push(Sample::new(Metric::NvmlTimeouts, slot.timeouts as f64));

@@ -3,6 +3,8 @@
 //! (Ampere and newer) with the drain column from NVSentinel's `xiderrorsmapping.csv`, where
 //! the two agree; see `../shared/reference/xid-kmsg.md` §1.2 for the sources of each row.
 
+use super::health::Action;
+
 /// Who is likely at fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Category {
@@ -116,13 +118,13 @@ pub fn lookup(code: u32) -> Entry {
 }
 
 /// The health action (`gpu.health.action`) for a catalog action.
-pub fn health_action(action: &str) -> &'static str {
+pub fn health_action(action: &str) -> Action {
     match action {
-        "RESTART_APP" => "restart_app",
-        "RESET_GPU" | "WORKFLOW_XID_48" => "reset_gpu",
-        "RESTART_BM" | "RESTART_VM" => "reboot_node",
-        "IGNORE" | "XID_154" => "none",
-        _ => "drain_and_service",
+        "RESTART_APP" => Action::RestartApp,
+        "RESET_GPU" | "WORKFLOW_XID_48" => Action::ResetGpu,
+        "RESTART_BM" | "RESTART_VM" => Action::RebootNode,
+        "IGNORE" | "XID_154" => Action::None,
+        _ => Action::DrainAndService,
     }
 }
 

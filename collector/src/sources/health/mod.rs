@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use crate::agent::{Component, Ctx};
 use crate::config::{Config, Invalid, config_section};
 use crate::model::bmc::{Level, Quantity};
+use crate::model::health::{Action, Code};
 use crate::model::{HealthState, Metric, Model, Sample};
 use forecast::{Params, Trend};
 use rules::{Finding, Rates, find, samples};
@@ -89,7 +90,7 @@ struct GpuState {
     trends: BTreeMap<&'static str, Trend>,
     streaks: BTreeMap<&'static str, u32>,
     /// When each reason's condition last held.
-    last_true: BTreeMap<&'static str, Instant>,
+    last_true: BTreeMap<Code, Instant>,
     thermal_violation: Option<f64>,
     pcie: VecDeque<(Instant, f64)>,
     ecc: VecDeque<(Instant, f64)>,
@@ -140,9 +141,9 @@ impl Evaluator {
                         if matches!(r.state, Some(Level::Warning | Level::Critical)) =>
                     {
                         cooling.push(Finding {
-                            code: "coolant_out_of_range",
+                            code: Code::CoolantOutOfRange,
                             state: HealthState::Degraded,
-                            action: "none",
+                            action: Action::None,
                             detail: format!(
                                 "{} ({}) is past its threshold: {}",
                                 r.name, poll.target, r.value
@@ -153,13 +154,13 @@ impl Evaluator {
                     Quantity::Leak if (1.0..=2.0).contains(&r.value) => {
                         let critical = r.value >= 2.0;
                         cooling.push(Finding {
-                            code: "leak_detected",
+                            code: Code::LeakDetected,
                             state: if critical {
                                 HealthState::Failed
                             } else {
                                 HealthState::Degraded
                             },
-                            action: "drain_and_service",
+                            action: Action::DrainAndService,
                             detail: format!(
                                 "leak detector {} ({}) reports {}",
                                 r.name,
@@ -200,9 +201,9 @@ impl Evaluator {
                             };
                             if *streak >= self.cfg.forecast_persist {
                                 cooling.push(Finding {
-                                    code: "coolant_out_of_range",
+                                    code: Code::CoolantOutOfRange,
                                     state: HealthState::Degraded,
-                                    action: "none",
+                                    action: Action::None,
                                     detail: format!(
                                         "{} ({}) rising: reaches {limit} °C in about {:.0} min",
                                         r.name,
@@ -342,9 +343,9 @@ impl Evaluator {
                         };
                         if *streak >= self.cfg.forecast_persist {
                             findings.push(Finding {
-                                code: "thermal_forecast",
+                                code: Code::ThermalForecast,
                                 state: HealthState::PredictedFailure,
-                                action: "none",
+                                action: Action::None,
                                 detail: format!(
                                     "{} at {:.1} °C rising {:.2} °C/min: reaches its limit of {limit} °C in about {:.0} min",
                                     loc.replace('_', " "),
@@ -374,7 +375,7 @@ impl Evaluator {
                 if let Some(last) = st.last_true.get(code)
                     && now.duration_since(*last) >= hold
                 {
-                    model.clear(&uuid, code);
+                    model.clear(&uuid, *code);
                     st.last_true.remove(code);
                 }
             }
@@ -383,7 +384,10 @@ impl Evaluator {
             out.push(
                 Sample::new(Metric::HealthAction, 1.0)
                     .with("hw.id", uuid.clone())
-                    .with("gpu.health.action", crate::model::health::action(&reasons)),
+                    .with(
+                        "gpu.health.action",
+                        crate::model::health::action(&reasons).as_str(),
+                    ),
             );
         }
         model.publish("health", "gpus", out);

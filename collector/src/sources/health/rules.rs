@@ -25,22 +25,23 @@
 //! The kernel-log and NVML sources raise their own: `gpu_lost`, `reset_required`,
 //! `gpu_unreachable`, `nvml_call_stuck`, `xid_79`, `xid_154`, `xid_fatal`.
 
+use crate::model::health::{Action, Code};
 use crate::model::{GpuSlot, HealthState, Metric, Sample};
 
 /// One active condition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finding {
     /// Reason code.
-    pub code: &'static str,
+    pub code: Code,
     /// State.
     pub state: HealthState,
     /// Action.
-    pub action: &'static str,
+    pub action: Action,
     /// A sentence.
     pub detail: String,
 }
 
-fn f(code: &'static str, state: HealthState, action: &'static str, detail: String) -> Finding {
+fn f(code: Code, state: HealthState, action: Action, detail: String) -> Finding {
     Finding {
         code,
         state,
@@ -50,24 +51,24 @@ fn f(code: &'static str, state: HealthState, action: &'static str, detail: Strin
 }
 
 /// Every reason code the rules can give (the health component clears those it raised).
-pub const CODES: &[&str] = &[
-    "ecc_uncorrectable",
-    "remap_failed",
-    "remap_pending",
-    "retired_pages_pending",
-    "retired_pages_excess",
-    "recovery_action",
-    "temperature_over_slowdown",
-    "thermal_slowdown",
-    "hw_slowdown",
-    "pcie_replay_rate",
-    "xid_contained",
-    "xid_retirement",
-    "ecc_correctable_rising",
-    "signal_unreadable",
-    "coolant_out_of_range",
-    "leak_detected",
-    "thermal_forecast",
+pub const CODES: &[Code] = &[
+    Code::EccUncorrectable,
+    Code::RemapFailed,
+    Code::RemapPending,
+    Code::RetiredPagesPending,
+    Code::RetiredPagesExcess,
+    Code::RecoveryAction,
+    Code::TemperatureOverSlowdown,
+    Code::ThermalSlowdown,
+    Code::HwSlowdown,
+    Code::PcieReplayRate,
+    Code::XidContained,
+    Code::XidRetirement,
+    Code::EccCorrectableRising,
+    Code::SignalUnreadable,
+    Code::CoolantOutOfRange,
+    Code::LeakDetected,
+    Code::ThermalForecast,
 ];
 
 /// The samples of a slot.
@@ -114,33 +115,33 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
     };
     if let Some(n) = ecc("uncorrected", "volatile").filter(|n| *n > 0.0) {
         out.push(f(
-            "ecc_uncorrectable",
+            Code::EccUncorrectable,
             Failed,
-            "reset_gpu",
+            Action::ResetGpu,
             format!("{n} uncorrectable ECC errors since the driver loaded"),
         ));
     }
     if find(s(), Metric::RemapFailure, &[]) == Some(1.0) {
         out.push(f(
-            "remap_failed",
+            Code::RemapFailed,
             Failed,
-            "drain_and_service",
+            Action::DrainAndService,
             "a row remapping failed: the GPU needs inspection".into(),
         ));
     }
     if find(s(), Metric::RemapPending, &[]) == Some(1.0) {
         out.push(f(
-            "remap_pending",
+            Code::RemapPending,
             Degraded,
-            "reboot_node",
+            Action::RebootNode,
             "a row remapping is pending until the GPU is reset".into(),
         ));
     }
     if find(s(), Metric::RetiredPending, &[]) == Some(1.0) {
         out.push(f(
-            "retired_pages_pending",
+            Code::RetiredPagesPending,
             Degraded,
-            "reset_gpu",
+            Action::ResetGpu,
             "pages wait to be retired at the next reset".into(),
         ));
     }
@@ -150,17 +151,17 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
         .sum();
     if retired >= 63.0 {
         out.push(f(
-            "retired_pages_excess",
+            Code::RetiredPagesExcess,
             Failed,
-            "drain_and_service",
+            Action::DrainAndService,
             format!("{retired} pages retired"),
         ));
     }
     for (name, state, action) in [
-        ("gpu_reset", Failed, "reset_gpu"),
-        ("node_reboot", Failed, "reboot_node"),
-        ("drain_and_reset", Failed, "reset_gpu"),
-        ("drain_p2p", Degraded, "drain_and_service"),
+        ("gpu_reset", Failed, Action::ResetGpu),
+        ("node_reboot", Failed, Action::RebootNode),
+        ("drain_and_reset", Failed, Action::ResetGpu),
+        ("drain_p2p", Degraded, Action::DrainAndService),
     ] {
         if find(
             s(),
@@ -169,7 +170,7 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
         ) == Some(1.0)
         {
             out.push(f(
-                "recovery_action",
+                Code::RecoveryAction,
                 state,
                 action,
                 format!("the driver's recovery action is {name}"),
@@ -188,9 +189,9 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
         && t >= l
     {
         out.push(f(
-            "temperature_over_slowdown",
+            Code::TemperatureOverSlowdown,
             Degraded,
-            "none",
+            Action::None,
             format!("die at {t} °C, slowdown at {l} °C"),
         ));
     } else if let (Some(t), Some(l)) = (
@@ -199,9 +200,9 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
     ) && t >= l
     {
         out.push(f(
-            "temperature_over_slowdown",
+            Code::TemperatureOverSlowdown,
             Degraded,
-            "none",
+            Action::None,
             format!("memory junction at {t} °C, its maximum is {l} °C"),
         ));
     }
@@ -212,41 +213,41 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
         || rates.thermal_violation_rising
     {
         out.push(f(
-            "thermal_slowdown",
+            Code::ThermalSlowdown,
             Degraded,
-            "none",
+            Action::None,
             "clocks are held back by temperature".into(),
         ));
     }
     if event("hw_slowdown") || event("hw_power_brake_slowdown") {
         out.push(f(
-            "hw_slowdown",
+            Code::HwSlowdown,
             Degraded,
-            "none",
+            Action::None,
             "hardware slowdown (power brake or external signal) is active".into(),
         ));
     }
     if let Some(r) = rates.pcie_replays_per_min.filter(|r| *r > 16.0) {
         out.push(f(
-            "pcie_replay_rate",
+            Code::PcieReplayRate,
             Degraded,
-            "none",
+            Action::None,
             format!("{r:.0} PCIe replays per minute"),
         ));
     }
     if rates.xids.contains(&94) {
         out.push(f(
-            "xid_contained",
+            Code::XidContained,
             Degraded,
-            "restart_app",
+            Action::RestartApp,
             "Xid 94: a contained memory error; restart the application".into(),
         ));
     }
     if rates.xids.iter().any(|x| *x == 63 || *x == 92) {
         out.push(f(
-            "xid_retirement",
+            Code::XidRetirement,
             Degraded,
-            "none",
+            Action::None,
             "Xid 63/92: memory retirement or a high single-bit error rate".into(),
         ));
     }
@@ -255,17 +256,17 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
         && now > 2.0 * before
     {
         out.push(f(
-            "ecc_correctable_rising",
+            Code::EccCorrectableRising,
             Degraded,
-            "none",
+            Action::None,
             format!("{now:.0} corrected ECC errors in the last hour ({before:.0} the hour before)"),
         ));
     }
     if !rates.unreadable.is_empty() {
         out.push(f(
-            "signal_unreadable",
+            Code::SignalUnreadable,
             Degraded,
-            "none",
+            Action::None,
             format!("cannot read: {}", rates.unreadable.join(", ")),
         ));
     }
@@ -286,7 +287,9 @@ mod tests {
     }
 
     fn codes(v: &[Finding]) -> Vec<(&'static str, HealthState, &'static str)> {
-        v.iter().map(|x| (x.code, x.state, x.action)).collect()
+        v.iter()
+            .map(|x| (x.code.as_str(), x.state, x.action.as_str()))
+            .collect()
     }
 
     /// Rule by rule, what DCGM's health watches (PASS / WARN / FAIL) and GPUd (Healthy /

@@ -13,6 +13,7 @@ use nvml_wrapper::{Device, Nvml};
 use super::NvmlConfig;
 use super::collect::{self, GpmState, MigDevice, V3Layout};
 use super::report;
+use crate::model::health::{Action, Code};
 use crate::model::{Feature, GpuSlot, Group, HealthState, Model, Sample, lock};
 pub use crate::shutdown::Shutdown;
 
@@ -42,16 +43,16 @@ pub enum Halt {
 
 impl Halt {
     /// The reason code (a `gpu.health.reason` value), the action and the sentence.
-    fn reason(self) -> (&'static str, &'static str, &'static str) {
+    fn reason(self) -> (Code, Action, &'static str) {
         match self {
             Halt::Lost => (
-                "gpu_lost",
-                "reboot_node",
+                Code::GpuLost,
+                Action::RebootNode,
                 "GPU is lost (fallen off the bus)",
             ),
             Halt::ResetRequired => (
-                "reset_required",
-                "reset_gpu",
+                Code::ResetRequired,
+                Action::ResetGpu,
                 "GPU requires a reset (NVML_ERROR_RESET_REQUIRED)",
             ),
         }
@@ -124,7 +125,7 @@ impl<'n> Ctx<'n> {
             let recovered = lock(&self.slot).stuck.take();
             if let Some((call, _)) = recovered {
                 tracing::warn!(gpu = %self.uuid, call, "NVML call returned after its deadline; GPU collecting again");
-                self.model.clear(&self.uuid, "nvml_call_stuck");
+                self.model.clear(&self.uuid, Code::NvmlCallStuck);
             }
         }
         match r {
@@ -386,7 +387,13 @@ fn watchdog(watched: &[Watched], timeout: Duration, model: &Model) {
             "NVML call {call} did not return within {} ms",
             timeout.as_millis()
         );
-        model.raise(&uuid, "nvml_call_stuck", HealthState::Degraded, "none", why);
+        model.raise(
+            &uuid,
+            Code::NvmlCallStuck,
+            HealthState::Degraded,
+            Action::None,
+            why,
+        );
     }
 }
 
@@ -406,8 +413,8 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
                 &sh.model,
                 &slot,
                 (
-                    "gpu_unreachable",
-                    "drain_and_service",
+                    Code::GpuUnreachable,
+                    Action::DrainAndService,
                     format!("cannot open the GPU: {e}"),
                 ),
             );
@@ -516,13 +523,9 @@ fn publish(slot: &Mutex<GpuSlot>, group: Group, samples: Vec<Sample>) {
 }
 
 /// The reasons this source raises when a GPU stops answering; cleared when it answers.
-const FAILURES: [&str; 3] = ["gpu_lost", "reset_required", "gpu_unreachable"];
+const FAILURES: [Code; 3] = [Code::GpuLost, Code::ResetRequired, Code::GpuUnreachable];
 
-fn mark_failed(
-    model: &Model,
-    slot: &Mutex<GpuSlot>,
-    (code, action, why): (&'static str, &'static str, String),
-) {
+fn mark_failed(model: &Model, slot: &Mutex<GpuSlot>, (code, action, why): (Code, Action, String)) {
     let uuid = {
         let mut s = lock(slot);
         for g in &mut s.groups {
