@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod internal_events;
 pub mod model;
 pub mod privileges;
 pub mod redact;

@@ -202,6 +202,8 @@ pub struct Model {
     pub xids: xid::Xids,
     /// Who each pid is (name, container, pod), shared by per-process sources.
     pub processes: processes::Processes,
+    /// Failed reads of every source (`junction_source_errors_total`).
+    pub errors: crate::internal_events::Errors,
     /// Set once the GPU inventory is known (NVML has listed the GPUs, or failed to).
     inventory: (Mutex<bool>, std::sync::Condvar),
 }

@@ -304,8 +304,8 @@ registry! {
         "derived: a robust trend of a BMC coolant supply temperature against its lowest upper threshold", "Forecast time until the coolant supply temperature reaches its upper threshold; present only while it rises steadily.";
     SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,
         "agent", "1 while a source is running and answering.";
-    SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage"], Status,
-        "agent", "Failed reads per source and stage (an NVML call that returned an error).";
+    SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage", "error.type"], Status,
+        "agent", "Failed reads per source, stage and kind, with the GPU (hw.id) or target (junction.target) they concern: an NVML call that returned an error, a kernel-log read, a Redfish resource, a BMC poll, the kubelet's List, a health-rule input.";
     Events = "junction.events", "{event}", Counter, ["event.name"], Status,
         "agent", "Events recorded in the event log (health transitions, XIDs, …) since the agent started.";
     SinkExports = "junction.sink.exports", "{export}", Counter, ["junction.sink", "junction.signal"], Status,

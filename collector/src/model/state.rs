@@ -4,22 +4,14 @@
 //! directory is a warning and a clean start, never a crash.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-
-use super::lock;
-
-/// How often a failing write may log again.
-const WARN_EVERY: Duration = Duration::from_secs(600);
 
 /// The state directory (or none, when it cannot be used).
 #[derive(Debug, Default)]
 pub struct StateDir {
     dir: Option<PathBuf>,
-    warned: Mutex<Option<Instant>>,
 }
 
 impl StateDir {
@@ -33,7 +25,6 @@ impl StateDir {
         match usable {
             Ok(()) => Self {
                 dir: Some(dir.to_path_buf()),
-                warned: Mutex::new(None),
             },
             Err(e) => {
                 tracing::warn!(dir = %dir.display(), error = %e, "state directory is not writable (state_dir): starting clean, and a restart will start clean again (XID counters restart at 0, the kernel log is read again from boot)");
@@ -68,9 +59,14 @@ impl StateDir {
         }
     }
 
-    /// Writes `<name>.json` atomically. Failures are logged at most once per 10 minutes.
-    pub fn store<T: Serialize>(&self, name: &str, value: &T) {
-        let Some(dir) = &self.dir else { return };
+    /// Writes `<name>.json` atomically; an error names the file (the caller reports it
+    /// through `internal_events`).
+    pub fn store<T: Serialize>(
+        &self,
+        name: &str,
+        value: &T,
+    ) -> Result<(), (PathBuf, std::io::Error)> {
+        let Some(dir) = &self.dir else { return Ok(()) };
         let path = dir.join(format!("{name}.json"));
         let tmp = dir.join(format!(".{name}.json.{}.tmp", std::process::id()));
         let result = (|| -> std::io::Result<()> {
@@ -88,14 +84,10 @@ impl StateDir {
             }
             Ok(())
         })();
-        if let Err(e) = result {
+        result.map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
-            let mut warned = lock(&self.warned);
-            if warned.is_none_or(|t| t.elapsed() > WARN_EVERY) {
-                *warned = Some(Instant::now());
-                tracing::warn!(file = %path.display(), error = %e, "cannot save state; a restart may count kernel-log events again");
-            }
-        }
+            (path, e)
+        })
     }
 }
 
@@ -122,7 +114,7 @@ mod tests {
         let d = dir("rt");
         let s = StateDir::open(&d);
         assert_eq!(s.load::<Vec<u32>>("x"), None);
-        s.store("x", &vec![1u32, 2, 3]);
+        s.store("x", &vec![1u32, 2, 3]).expect("stored");
         assert_eq!(s.load::<Vec<u32>>("x"), Some(vec![1, 2, 3]));
         std::fs::write(d.join("x.json"), b"{not json").expect("write");
         assert_eq!(s.load::<Vec<u32>>("x"), None);
@@ -141,7 +133,7 @@ mod tests {
         std::fs::write(&f, b"a file, not a directory").expect("write");
         let s = StateDir::open(&f);
         assert!(s.path().is_none());
-        s.store("x", &1u32);
+        let _ = s.store("x", &1u32);
         assert_eq!(s.load::<u32>("x"), None);
         let _ = std::fs::remove_file(&f);
     }

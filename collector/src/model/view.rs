@@ -26,6 +26,7 @@ impl Snapshot {
         let sources: Vec<(&'static str, bool)> = model.sources().into_iter().collect();
         let health = model.health.all();
         let mut snap = Self::of(gpus, driver.as_ref(), &sources, model.sets(), &health);
+        snap.node.extend(model.errors.samples());
         for (name, n) in model.events.counts() {
             snap.node
                 .push(Sample::new(Metric::Events, n as f64).with("event.name", name));
@@ -54,16 +55,6 @@ impl Snapshot {
                 Sample::new(Metric::SourceUp, f64::from(u8::from(*up)))
                     .with("junction.source", *source),
             );
-        }
-        for g in &gpus {
-            for (stage, n) in &g.errors {
-                node.push(
-                    Sample::new(Metric::SourceErrors, *n as f64)
-                        .with("junction.source", "nvml")
-                        .with("junction.stage", *stage)
-                        .with("hw.id", g.info.uuid.clone()),
-                );
-            }
         }
         Self {
             gpus,

@@ -8,6 +8,7 @@ pub mod ipmi;
 pub mod kmsg;
 pub mod kubernetes;
 pub mod nvml;
+pub mod polled;
 pub mod redfish;
 
 use crate::agent::Component;

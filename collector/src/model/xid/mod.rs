@@ -444,8 +444,16 @@ impl Model {
             i.last_flush = Some(Instant::now());
             i.saved.clone()
         };
-        if let Some(state) = state.as_ref() {
-            state.store("xid", &snapshot);
+        if let Some(state) = state.as_ref()
+            && let Err((file, error)) = state.store("xid", &snapshot)
+        {
+            crate::internal_events::InternalEvent::emit(
+                crate::internal_events::StateSaveFailed {
+                    file: &file,
+                    error: &error,
+                },
+                self,
+            );
         }
     }
 

@@ -4,13 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use super::settings::Signal;
+use crate::internal_events::{self, Key, Subject};
 use crate::model::{Metric, Model, Sample, lock};
-
-/// How often the same kind of failure may log again.
-const LOG_EVERY: Duration = Duration::from_secs(600);
 
 /// How an export ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,7 +28,6 @@ struct PerSignal {
     bytes: u64,
     last_success: Option<SystemTime>,
     failing_since: Option<Instant>,
-    last_logged: BTreeMap<&'static str, Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -76,13 +73,14 @@ impl Stats {
             let s = i.signals.entry(signal).or_default();
             s.attempts += 1;
             let now = Instant::now();
-            let mut may_log = |kind: &'static str| match s.last_logged.get(kind) {
-                Some(t) if now.duration_since(*t) < LOG_EVERY => false,
-                _ => {
-                    s.last_logged.insert(kind, now);
-                    true
-                }
+            // The shared limiter (the sink's failures are counted in its own series).
+            let key = |kind: &'static str| Key {
+                source: "otlp",
+                stage: signal.as_str(),
+                error_type: kind,
+                subject: Subject::Node,
             };
+            let may_log = |kind| internal_events::limit(&key(kind)).is_some();
             match outcome {
                 Outcome::Ok => {
                     s.last_success = Some(SystemTime::now());
@@ -93,7 +91,9 @@ impl Stats {
                             "OTLP receiver accepts exports again"
                         );
                     }
-                    s.last_logged.clear();
+                    for kind in ["retryable", "rejected"] {
+                        internal_events::recovered(&key(kind));
+                    }
                 }
                 Outcome::Retryable(why) => {
                     s.failures += 1;

@@ -101,7 +101,10 @@ pub fn run(mut loaded: Loaded, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &
     let mut m = match maps(&mut loaded) {
         Ok(m) => m,
         Err(e) => {
-            tracing::error!(error = %e, "eBPF attribution is off: the BPF object does not match this junction; rebuild both");
+            crate::internal_events::InternalEvent::emit(
+                crate::internal_events::EbpfMismatch { error: &e },
+                model,
+            );
             model.set_source_up("ebpf", false);
             return;
         }

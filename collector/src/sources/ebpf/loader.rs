@@ -52,6 +52,8 @@ pub struct Loaded {
     pub devices: Vec<(u32, String)>,
     /// `nvidia-uvm` major (0 = none).
     pub uvm_major: u32,
+    /// `watch_devices` entries that could not be read (gone since validation), and why.
+    pub skipped: Vec<(String, std::io::Error)>,
     /// `nvidia-caps` major (0 = none).
     pub caps_major: u32,
     /// Watched devices: (kernel dev_t, path).
@@ -265,6 +267,7 @@ pub fn load(config: &EbpfConfig, params: &Params) -> Result<Loaded, LoadError> {
     }
     let mut watched = [0u32; MAX_WATCHED];
     let mut watched_paths = Vec::new();
+    let mut skipped = Vec::new();
     for (slot, path) in watched.iter_mut().zip(&config.watch_devices) {
         // Validation has checked that each is a device node; a node gone since is skipped.
         match kernel_rdev(Path::new(path)) {
@@ -273,7 +276,7 @@ pub fn load(config: &EbpfConfig, params: &Params) -> Result<Loaded, LoadError> {
                 watched_paths.push((r, path.clone()));
                 devices.push((r, format!("{path} (watched, {}:{})", r >> 20, r & 0xFFFFF)));
             }
-            Err(e) => tracing::warn!(path = %path, error = %e, "watch_devices entry skipped"),
+            Err(e) => skipped.push((path.clone(), e)),
         }
     }
 
@@ -349,6 +352,7 @@ pub fn load(config: &EbpfConfig, params: &Params) -> Result<Loaded, LoadError> {
         caps_major: caps,
         watched: watched_paths,
         kprobe_note,
+        skipped,
     })
 }
 

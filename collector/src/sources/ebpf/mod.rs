@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use crate::agent::{Component, Ctx};
 use crate::config::{Config, Invalid, config_section};
+use crate::internal_events::{EbpfUnavailable, EbpfWatchSkipped, InternalEvent};
 use crate::model::Model;
 
 config_section! {
@@ -187,13 +188,16 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     let loaded = match loaded {
         Ok(l) => l,
         Err(e) => {
-            tracing::warn!("eBPF attribution is off: {e}");
+            EbpfUnavailable { error: &e }.emit(&ctx.model);
             ctx.model.set_source_up("ebpf", false);
             ctx.model
                 .set_source_detail("ebpf", vec![format!("off: {e}")]);
             return Ok(tokio::spawn(async {}));
         }
     };
+    for (path, error) in &loaded.skipped {
+        EbpfWatchSkipped { path, error }.emit(&ctx.model);
+    }
     tracing::info!(
         attached = %loaded.attached.join(", "),
         "eBPF attribution on"

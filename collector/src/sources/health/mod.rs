@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::agent::{Component, Ctx};
 use crate::config::{Config, Invalid, config_section};
+use crate::internal_events::{HealthInputUnreadable, InternalEvent};
 use crate::model::bmc::{Level, Quantity};
 use crate::model::health::{Action, Code};
 use crate::model::{HealthState, Metric, Model, Sample};
@@ -312,6 +313,13 @@ impl Evaluator {
                     rates.unreadable.push((*feature).to_string());
                 }
                 st.errors.insert(feature, *n);
+            }
+            if !rates.unreadable.is_empty() {
+                HealthInputUnreadable {
+                    gpu: &uuid,
+                    signals: &rates.unreadable,
+                }
+                .emit(model);
             }
             let mut findings = rules::evaluate(&slot, &rates, self.cfg.ecc_rising_per_hour);
             findings.extend(cooling.iter().cloned());

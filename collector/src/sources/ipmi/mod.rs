@@ -12,13 +12,14 @@
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::agent::{Component as AgentComponent, Ctx};
 use crate::config::{Config, Invalid, config_section};
-use crate::model::bmc::{Component, Level, Poll, Quantity, Reading, TargetsUp};
-use crate::model::{Metric, Model, Sample};
-use crate::shutdown::Shutdown;
+use crate::model::Model;
+use crate::model::bmc::{Component, Level, Poll, Quantity, Reading};
+use crate::sources::polled::{self, PollError};
 
 config_section! {
     /// `[[sources.ipmi.targets]]`: one BMC.
@@ -425,134 +426,66 @@ async fn read(t: &IpmiTarget, w: &Workdir, requests: &mut u64) -> Result<Poll, E
     })
 }
 
-#[derive(Default)]
-struct Stats {
-    requests: u64,
-    failures: std::collections::BTreeMap<&'static str, u64>,
+/// An IPMI target being read.
+pub struct Ipmi {
+    cfg: IpmiTarget,
+    workdir: Workdir,
+    requests: AtomicU64,
 }
 
-async fn poll_once(
-    t: &IpmiTarget,
-    w: &Workdir,
-    model: &Model,
-    stats: &mut Stats,
-    last_error: &mut Option<String>,
-) -> bool {
-    let name = t.display_name();
-    let start = Instant::now();
-    let result = read(t, w, &mut stats.requests).await;
-    let elapsed = start.elapsed();
-    let ok = match result {
-        Ok(poll) => {
-            if last_error.take().is_some() {
-                tracing::info!(target = %name, "IPMI target answers again");
-            }
-            model.set_bmc("ipmi", poll);
-            true
-        }
-        Err(e) => {
-            *stats.failures.entry(e.kind()).or_default() += 1;
-            let msg = e.to_string();
-            if last_error.as_deref() != Some(msg.as_str()) {
-                tracing::warn!(target = %name, error = %msg, "IPMI read failed");
-                *last_error = Some(msg);
-            }
-            false
-        }
-    };
-    let mut samples = vec![
-        Sample::new(Metric::TargetUp, f64::from(u8::from(ok))),
-        Sample::new(Metric::TargetPollDuration, elapsed.as_secs_f64()),
-        Sample::new(Metric::TargetRequests, stats.requests as f64),
-    ];
-    for (kind, n) in &stats.failures {
-        samples.push(Sample::new(Metric::TargetPollFailures, *n as f64).with("error.type", *kind));
-    }
-    for s in &mut samples {
-        s.attrs.push(("junction.source", "ipmi".into()));
-        s.attrs.push(("junction.target", name.clone().into()));
-    }
-    model.publish("ipmi", format!("{name}:stats"), samples);
-    ok
-}
+impl polled::Target for Ipmi {
+    const SOURCE: &'static str = "ipmi";
+    type Config = IpmiTarget;
 
-fn workdir(t: &IpmiTarget) -> Result<Workdir, String> {
-    if t.host.is_empty() && !Path::new("/dev/ipmi0").exists() {
-        return Err("no /dev/ipmi0 for in-band IPMI: load the drivers (modprobe ipmi_devintf ipmi_si), or give host".into());
-    }
-    let password = crate::sources::redfish::read_secret(&t.password_file, &t.password_env)?;
-    Workdir::new(t, password.as_deref())
-}
-
-async fn run_target(t: IpmiTarget, model: Arc<Model>, shutdown: Shutdown, up: TargetsUp) {
-    let name = t.display_name();
-    let w = match workdir(&t) {
-        Ok(w) => w,
-        Err(e) => {
-            up.unusable(&model, &name);
-            tracing::error!(target = %name, error = %e, "IPMI target not read");
-            return;
+    fn open(t: &IpmiTarget) -> Result<Self, String> {
+        if t.host.is_empty() && !Path::new("/dev/ipmi0").exists() {
+            return Err("no /dev/ipmi0 for in-band IPMI: load the drivers (modprobe ipmi_devintf ipmi_si), or give host".into());
         }
-    };
-    let interval = Duration::from_secs(t.interval_secs.max(1));
-    let mut stats = Stats::default();
-    let mut last_error = None;
-    // One poll at a time: the next starts when this one is over and the interval has passed
-    // since it started.
-    crate::privileges::gate().await;
-    let mut ticks = shutdown.ticks(interval);
-    while ticks.next().await {
-        let Some(ok) = shutdown
-            .unless(poll_once(&t, &w, &model, &mut stats, &mut last_error))
-            .await
-        else {
-            break;
-        };
-        up.set(&model, &name, ok);
+        let password = polled::read_secret(&t.password_file, &t.password_env)?;
+        Ok(Self {
+            cfg: t.clone(),
+            workdir: Workdir::new(t, password.as_deref())?,
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    fn name_of(t: &IpmiTarget) -> String {
+        t.display_name()
+    }
+
+    fn interval(&self) -> Duration {
+        Duration::from_secs(self.cfg.interval_secs.max(1))
+    }
+
+    /// The tool is killed past `timeout_secs` itself, and may run twice (a stale SDR cache):
+    /// the outer bound leaves it room to.
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.cfg.timeout_secs.max(1) * 2 + 5)
+    }
+
+    fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    async fn poll(&self, _model: &Arc<Model>) -> Result<Poll, PollError> {
+        let mut n = 0;
+        let r = read(&self.cfg, &self.workdir, &mut n).await;
+        self.requests.fetch_add(n, Ordering::Relaxed);
+        r.map_err(|e| PollError {
+            kind: e.kind(),
+            message: e.to_string(),
+        })
     }
 }
 
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let targets = config.sources.ipmi.targets.clone();
     tracing::info!(targets = targets.len(), "reading IPMI targets");
-    let up = TargetsUp::new("ipmi");
-    let mut handles = Vec::new();
-    for t in targets {
-        handles.push(tokio::spawn(run_target(
-            t,
-            ctx.model.clone(),
-            ctx.shutdown.clone(),
-            up.clone(),
-        )));
-    }
-    Ok(tokio::spawn(async move {
-        for h in handles {
-            let _ = h.await;
-        }
-    }))
+    Ok(polled::start::<Ipmi>(targets, &ctx.model, &ctx.shutdown))
 }
 
 async fn once(config: Arc<Config>, model: Arc<Model>) -> anyhow::Result<()> {
-    let mut errors = Vec::new();
-    for t in &config.sources.ipmi.targets {
-        let name = t.display_name();
-        let w = match workdir(t) {
-            Ok(w) => w,
-            Err(e) => {
-                errors.push(format!("{name}: {e}"));
-                continue;
-            }
-        };
-        let mut err = None;
-        if !poll_once(t, &w, &model, &mut Stats::default(), &mut err).await {
-            errors.push(format!("{name}: {}", err.unwrap_or_default()));
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        anyhow::bail!("{}", errors.join("; "))
-    }
+    polled::once::<Ipmi>(config.sources.ipmi.targets.clone(), model).await
 }
 
 #[cfg(test)]

@@ -13,8 +13,9 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use super::Input;
+use crate::internal_events::{InternalEvent, KmsgReadFailed};
+use crate::model::Model;
 use crate::model::xid::Checkpoint;
-use crate::model::{Model, lock};
 use crate::shutdown::Shutdown;
 
 /// Bytes per `read()`: one record is at most 8 KiB (printk's limit) plus its dictionary.
@@ -88,12 +89,7 @@ pub fn run(mut file: std::fs::File, input: &Input, model: &Model, shutdown: &Shu
                 Some(libc::EINVAL) => input.lost(1),
                 Some(libc::EINTR) => {}
                 _ => {
-                    let mut w = lock(&input.warned);
-                    if w.is_none() {
-                        *w = Some(std::time::Instant::now());
-                        tracing::warn!(error = %e, "reading the kernel log failed; retrying");
-                    }
-                    drop(w);
+                    KmsgReadFailed { error: &e }.emit(model);
                     if shutdown.sleep(Duration::from_secs(1)) {
                         break;
                     }

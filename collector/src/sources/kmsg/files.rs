@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use super::Input;
 use super::parser::Parser;
+use crate::internal_events::{InternalEvent, KmsgFileFailed};
 use crate::model::Model;
 use crate::model::xid::{Checkpoint, FileCursor};
 use crate::shutdown::Shutdown;
@@ -75,8 +76,17 @@ impl Followed {
         loop {
             let room = (MAX_LINE + 1).saturating_sub(self.partial.len()) as u64;
             match r.by_ref().take(room).read_until(b'\n', &mut self.partial) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => break,
                 Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    KmsgFileFailed {
+                        path: &self.path,
+                        error: &e,
+                    }
+                    .emit(model);
+                    break;
+                }
             }
             if self.partial.last() == Some(&b'\n') {
                 self.cursor.offset += self.partial.len() as u64 + self.skipped;
@@ -125,7 +135,17 @@ impl Followed {
         }
         // The rest of the old file first (its handle still reads it), then the new one.
         self.drain(input, model);
-        if let Ok(file) = std::fs::File::open(&*self.path) {
+        let file = std::fs::File::open(&*self.path);
+        if let Err(e) = &file
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            KmsgFileFailed {
+                path: &self.path,
+                error: e,
+            }
+            .emit(model);
+        }
+        if let Ok(file) = file {
             self.reader = Some(BufReader::with_capacity(64 * 1024, file));
             self.cursor = FileCursor {
                 inode: meta.ino(),

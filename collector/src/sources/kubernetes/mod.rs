@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use crate::agent::{Component, Ctx};
 use crate::config::{Config, Invalid, config_section};
+use crate::internal_events::{InternalEvent, KubeletListFailed, PodLogsUnreadable};
 use crate::model::processes::PodName;
 use crate::model::{Metric, Model, Sample};
 
@@ -203,20 +204,46 @@ async fn connect(socket: PathBuf, timeout: Duration) -> Result<tonic::transport:
         })
 }
 
+/// Why a `List` failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ListError {
+    /// The socket does not answer.
+    #[error("{0}")]
+    Connect(String),
+    /// The kubelet answered with an error.
+    #[error("List answered {0:?}: {1}")]
+    Status(tonic::Code, String),
+    /// No answer in time.
+    #[error("no answer to List within {0} s")]
+    Timeout(u64),
+}
+
+impl ListError {
+    /// `error.type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ListError::Connect(_) => "connect",
+            ListError::Status(..) => "status",
+            ListError::Timeout(_) => "timeout",
+        }
+    }
+}
+
 /// One `List`: the allocations, or why not.
 pub async fn list(
     socket: &Path,
     timeout: Duration,
-) -> Result<proto::ListPodResourcesResponse, String> {
-    let channel = connect(socket.to_path_buf(), timeout).await?;
+) -> Result<proto::ListPodResourcesResponse, ListError> {
+    let channel = connect(socket.to_path_buf(), timeout)
+        .await
+        .map_err(ListError::Connect)?;
     match tokio::time::timeout(timeout, proto::list(channel)).await {
         Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(status)) => Err(format!(
-            "List answered {:?}: {}",
+        Ok(Err(status)) => Err(ListError::Status(
             status.code(),
-            status.message()
+            status.message().to_string(),
         )),
-        Err(_) => Err(format!("no answer to List within {} s", timeout.as_secs())),
+        Err(_) => Err(ListError::Timeout(timeout.as_secs())),
     }
 }
 
@@ -248,13 +275,13 @@ fn samples(allocs: &[Allocation], cap: usize) -> Vec<Sample> {
         .collect()
 }
 
-/// What the last read left to say (logged only when it changes).
+/// What the last read left to say.
 #[derive(Default)]
 struct State {
     socket_seen: bool,
+    /// Why the last `List` failed (for `junction once`, and to say when it answers again).
     last_error: Option<String>,
     capped: bool,
-    names_error: Option<String>,
 }
 
 async fn poll(cfg: &KubernetesConfig, model: &Model, state: &mut State) {
@@ -266,17 +293,14 @@ async fn poll(cfg: &KubernetesConfig, model: &Model, state: &mut State) {
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
         match read {
-            Ok(names) => {
-                state.names_error = None;
-                model.processes.set_pod_names(names);
+            Ok(names) => model.processes.set_pod_names(names),
+            // Said only on a Kubernetes node (where the socket has been seen).
+            Err(e) if state.socket_seen => PodLogsUnreadable {
+                dir: &cfg.pod_logs_dir,
+                error: &e,
             }
-            Err(e) => {
-                let msg = format!("{}: {e}", cfg.pod_logs_dir);
-                if state.socket_seen && state.names_error.as_deref() != Some(msg.as_str()) {
-                    tracing::warn!(dir = %cfg.pod_logs_dir, error = %e, "cannot read the kubelet's pod directory: processes in pods are named by UID only (mount /var/log/pods)");
-                }
-                state.names_error = Some(msg);
-            }
+            .emit(model),
+            Err(_) => {}
         }
     }
     let socket = Path::new(&cfg.pod_resources_socket);
@@ -324,10 +348,14 @@ async fn poll(cfg: &KubernetesConfig, model: &Model, state: &mut State) {
             model.set_source_up("kubernetes", true);
         }
         Err(e) => {
-            if state.last_error.as_deref() != Some(e.as_str()) {
-                tracing::warn!(socket = %socket.display(), error = %e, "cannot list pod resources: pod allocations are stale until the kubelet answers");
+            let error = e.to_string();
+            KubeletListFailed {
+                socket,
+                error_type: e.kind(),
+                error: &error,
             }
-            state.last_error = Some(e.clone());
+            .emit(model);
+            state.last_error = Some(error);
             // The last known allocations are dropped: a stale pod on a GPU misleads.
             model.publish("kubernetes", "allocations", Vec::new());
             model.set_source_detail("kubernetes", vec![format!("{}: {e}", socket.display())]);

@@ -13,12 +13,10 @@ use nvml_wrapper::{Device, Nvml};
 use super::NvmlConfig;
 use super::collect::{self, GpmState, MigDevice, V3Layout};
 use super::report;
+use crate::internal_events::{InternalEvent, NvmlCallFailed, NvmlImplausible};
 use crate::model::health::{Action, Code};
 use crate::model::{Feature, GpuSlot, Group, HealthState, Model, Sample, lock};
 pub use crate::shutdown::Shutdown;
-
-/// How often a failing feature may log again; in between, failures are only counted.
-const WARN_EVERY: Duration = Duration::from_secs(600);
 
 /// The call a worker is in, for the watchdog.
 #[derive(Debug, Default)]
@@ -94,8 +92,6 @@ pub struct Ctx<'n> {
     disabled: BTreeMap<Feature, Retry>,
     /// Features being tried again after a re-probe.
     reprobing: BTreeSet<Feature>,
-    /// When each feature last logged a failure (failures are rate-limited, then counted).
-    warned: BTreeMap<&'static str, Instant>,
     /// Set once the start-up report has been logged: later disables log one line each.
     reported: Arc<AtomicBool>,
     uuid: String,
@@ -170,9 +166,12 @@ impl<'n> Ctx<'n> {
             e => {
                 self.reprobing.remove(&feature);
                 *lock(&self.slot).errors.entry(feature.name).or_insert(0) += 1;
-                if self.should_warn(feature.name) {
-                    tracing::warn!(gpu = %self.uuid, feature = %feature, error = %e, "NVML call failed; counting further failures in junction_source_errors_total");
+                NvmlCallFailed {
+                    gpu: &self.uuid,
+                    feature: feature.name,
+                    error: &e,
                 }
+                .emit(self.model);
             }
         }
         Ok(())
@@ -219,21 +218,12 @@ impl<'n> Ctx<'n> {
     /// Counts a read that returned nonsense, warning once.
     pub fn implausible(&mut self, feature: &'static str, what: String) {
         *lock(&self.slot).errors.entry(feature).or_insert(0) += 1;
-        if self.should_warn(feature) {
-            tracing::warn!(gpu = %self.uuid, feature, "{what}; ignored");
+        NvmlImplausible {
+            gpu: &self.uuid,
+            feature,
+            what: &what,
         }
-    }
-
-    /// At most one failure line per feature and GPU every [`WARN_EVERY`].
-    fn should_warn(&mut self, feature: &'static str) -> bool {
-        let now = Instant::now();
-        match self.warned.get(feature) {
-            Some(last) if now.duration_since(*last) < WARN_EVERY => false,
-            _ => {
-                self.warned.insert(feature, now);
-                true
-            }
-        }
+        .emit(self.model);
     }
 }
 
@@ -443,7 +433,6 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
         layout: sh.layout,
         disabled: BTreeMap::new(),
         reprobing: BTreeSet::new(),
-        warned: BTreeMap::new(),
         reported: sh.reported.clone(),
         uuid,
     };

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use crate::agent::{Component, Ctx};
 use crate::config::{Config, Invalid, config_section};
-use crate::model::{Metric, Model, Sample};
-use crate::shutdown::Shutdown;
+use crate::model::Model;
+use crate::model::bmc::Poll;
+use crate::sources::polled::{self, PollError};
 use client::Client;
 
 config_section! {
@@ -79,21 +80,6 @@ impl RedfishTarget {
     }
 }
 
-/// Reads a secret from a file (first line) or an environment variable.
-pub fn read_secret(file: &str, env: &str) -> Result<Option<String>, String> {
-    if !file.is_empty() {
-        let text =
-            std::fs::read_to_string(file).map_err(|e| format!("password_file {file:?}: {e}"))?;
-        return Ok(Some(text.lines().next().unwrap_or("").to_string()));
-    }
-    if !env.is_empty() {
-        return std::env::var(env)
-            .map(Some)
-            .map_err(|_| format!("password_env: ${env} is not set"));
-    }
-    Ok(None)
-}
-
 impl RedfishConfig {
     /// Adds every problem with this section to `out`.
     pub fn validate(&self, prefix: &str, out: &mut Vec<Invalid>) {
@@ -150,171 +136,85 @@ pub const COMPONENT: Component = Component {
     derive: None,
 };
 
-/// Per-target counters.
-#[derive(Default)]
-struct TargetStats {
-    requests: u64,
-    failures: std::collections::BTreeMap<&'static str, u64>,
+/// A Redfish target being polled.
+pub struct Redfish {
+    cfg: RedfishTarget,
+    name: String,
+    client: Arc<Client>,
 }
 
-/// One poll: walks the service under the timeout, records the result.
-async fn poll_once(
-    t: &RedfishTarget,
-    client: &Arc<Client>,
-    model: &Arc<Model>,
-    stats: &mut TargetStats,
-    last_error: &mut Option<String>,
-) -> bool {
-    let name = t.display_name();
-    let start = Instant::now();
-    let before = client.requests();
-    let result = tokio::time::timeout(
-        Duration::from_secs(t.timeout_secs.max(1)),
-        walk::walk(client.clone(), &name, t.expand, model.clone()),
-    )
-    .await
-    .unwrap_or(Err(client::Error::Timeout));
-    let elapsed = start.elapsed();
-    stats.requests += client.requests() - before;
-    let ok = match result {
-        Ok(w) => {
-            if last_error.take().is_some() {
-                tracing::info!(target = %name, "Redfish target answers again");
-            }
-            for (url, declared) in w.misnamed.iter().take(3) {
-                tracing::debug!(target = %name, url, declared, "resource declares another @odata.id; identified by its URL");
-            }
-            tracing::debug!(
-                target = %name,
-                components = w.poll.components.len(),
-                readings = w.poll.readings.len(),
-                failed = w.failed,
-                expanded = w.expanded,
-                secs = elapsed.as_secs_f64(),
-                "Redfish poll"
-            );
-            model.set_bmc("redfish", w.poll);
-            true
-        }
-        Err(e) => {
-            *stats.failures.entry(e.kind()).or_default() += 1;
-            let msg = e.to_string();
-            if last_error.as_deref() != Some(msg.as_str()) {
-                tracing::warn!(target = %name, url = %crate::redact::url(&t.url), error = %msg, "Redfish poll failed");
-                *last_error = Some(msg);
-            }
-            false
-        }
-    };
-    let mut samples = vec![
-        Sample::new(Metric::TargetUp, f64::from(u8::from(ok))),
-        Sample::new(Metric::TargetPollDuration, elapsed.as_secs_f64()),
-        Sample::new(Metric::TargetRequests, stats.requests as f64),
-    ];
-    for (kind, n) in &stats.failures {
-        samples.push(Sample::new(Metric::TargetPollFailures, *n as f64).with("error.type", *kind));
-    }
-    for s in &mut samples {
-        s.attrs.push(("junction.source", "redfish".into()));
-        s.attrs.push(("junction.target", name.clone().into()));
-    }
-    model.publish("redfish", format!("{name}:stats"), samples);
-    ok
-}
+impl polled::Target for Redfish {
+    const SOURCE: &'static str = "redfish";
+    type Config = RedfishTarget;
 
-fn client_for(t: &RedfishTarget) -> Result<Arc<Client>, String> {
-    let password = read_secret(&t.password_file, &t.password_env)?;
-    if t.insecure {
-        tracing::warn!(target = %t.display_name(), "TLS certificate verification is off for this target (insecure = true)");
-    }
-    Client::new(t, password).map(Arc::new)
-}
-
-async fn run_target(
-    t: RedfishTarget,
-    model: Arc<Model>,
-    shutdown: Shutdown,
-    up: crate::model::bmc::TargetsUp,
-) {
-    let name = t.display_name();
-    let client = match client_for(&t) {
-        Ok(c) => c,
-        Err(e) => {
-            up.unusable(&model, &name);
-            tracing::error!(target = %name, error = %e, "Redfish target not polled");
-            return;
+    fn open(cfg: &RedfishTarget) -> Result<Self, String> {
+        let password = polled::read_secret(&cfg.password_file, &cfg.password_env)?;
+        if cfg.insecure {
+            tracing::warn!(target = %cfg.display_name(), "TLS certificate verification is off for this target (insecure = true)");
         }
-    };
-    let interval = Duration::from_secs(t.interval_secs.max(1));
-    let mut stats = TargetStats::default();
-    let mut last_error = None;
-    // One poll at a time: the next starts when this one is over and the interval has passed
-    // since it started.
-    crate::privileges::gate().await;
-    let mut ticks = shutdown.ticks(interval);
-    while ticks.next().await {
-        let Some(ok) = shutdown
-            .unless(poll_once(&t, &client, &model, &mut stats, &mut last_error))
-            .await
-        else {
-            break;
-        };
-        up.set(&model, &name, ok);
+        Ok(Self {
+            cfg: cfg.clone(),
+            name: cfg.display_name(),
+            client: Arc::new(Client::new(cfg, password)?),
+        })
     }
-    client.logout().await;
+
+    fn name_of(cfg: &RedfishTarget) -> String {
+        cfg.display_name()
+    }
+
+    fn interval(&self) -> Duration {
+        Duration::from_secs(self.cfg.interval_secs.max(1))
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.cfg.timeout_secs.max(1))
+    }
+
+    fn requests(&self) -> u64 {
+        self.client.requests()
+    }
+
+    async fn poll(&self, model: &Arc<Model>) -> Result<Poll, PollError> {
+        let start = Instant::now();
+        let w = walk::walk(
+            self.client.clone(),
+            &self.name,
+            self.cfg.expand,
+            model.clone(),
+        )
+        .await
+        .map_err(|e| PollError {
+            kind: e.kind(),
+            message: e.to_string(),
+        })?;
+        for (url, declared) in w.misnamed.iter().take(3) {
+            tracing::debug!(target = %self.name, url, declared, "resource declares another @odata.id; identified by its URL");
+        }
+        tracing::debug!(
+            target = %self.name,
+            components = w.poll.components.len(),
+            readings = w.poll.readings.len(),
+            failed = w.failed,
+            expanded = w.expanded,
+            secs = start.elapsed().as_secs_f64(),
+            "Redfish poll"
+        );
+        Ok(w.poll)
+    }
+
+    async fn close(&self) {
+        self.client.logout().await;
+    }
 }
 
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let targets = config.sources.redfish.targets.clone();
     tracing::info!(targets = targets.len(), "polling Redfish targets");
-    let up = crate::model::bmc::TargetsUp::new("redfish");
-    let mut handles = Vec::new();
-    for t in targets {
-        handles.push(tokio::spawn(run_target(
-            t,
-            ctx.model.clone(),
-            ctx.shutdown.clone(),
-            up.clone(),
-        )));
-    }
-    Ok(tokio::spawn(async move {
-        for h in handles {
-            let _ = h.await;
-        }
-    }))
+    Ok(polled::start::<Redfish>(targets, &ctx.model, &ctx.shutdown))
 }
 
 /// `junction once` / `inventory`: every target polled once, in parallel.
 async fn once(config: Arc<Config>, model: Arc<Model>) -> anyhow::Result<()> {
-    let mut set = tokio::task::JoinSet::new();
-    for t in config.sources.redfish.targets.clone() {
-        let model = model.clone();
-        set.spawn(async move {
-            let client = client_for(&t).map_err(|e| format!("{}: {e}", t.display_name()))?;
-            let mut stats = TargetStats::default();
-            let mut err = None;
-            let ok = poll_once(&t, &client, &model, &mut stats, &mut err).await;
-            client.logout().await;
-            if ok {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{}: {}",
-                    t.display_name(),
-                    err.unwrap_or_else(|| "poll failed".into())
-                ))
-            }
-        });
-    }
-    let mut errors = Vec::new();
-    while let Some(r) = set.join_next().await {
-        if let Ok(Err(e)) = r {
-            errors.push(e);
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        anyhow::bail!("{}", errors.join("; "))
-    }
+    polled::once::<Redfish>(config.sources.redfish.targets.clone(), model).await
 }

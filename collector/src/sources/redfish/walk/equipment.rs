@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::Walker;
 use super::map::{self, Owner, Part, link, strip, text};
+use super::{Presence, Walker};
 use crate::model::lock;
 
 impl Walker {
@@ -55,8 +55,14 @@ impl Walker {
             self.part(Part::Filter, &u, &d, &id);
         }
         // Reservoirs: read where linked, and looked for where a unit forgets the link.
-        let reservoirs = link(&doc, "Reservoirs").unwrap_or_else(|| format!("{url}/Reservoirs"));
-        for (u, d) in self.member_docs(&reservoirs, true).await {
+        let reservoirs = match link(&doc, "Reservoirs") {
+            Some(l) => self.member_docs(&l, true).await,
+            None => {
+                self.docs_of(&format!("{url}/Reservoirs"), true, Presence::Guessed)
+                    .await
+            }
+        };
+        for (u, d) in reservoirs {
             self.part(Part::Reservoir, &u, &d, &id);
         }
         if let Some(e) = link(&doc, "EnvironmentMetrics")

@@ -27,12 +27,21 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use super::client::{Client, Error, MAX_MEMBERS};
+use crate::internal_events::{InternalEvent, RedfishResourceSkipped};
 use crate::model::bmc::{Component, Poll};
 use crate::model::{Model, lock};
 use map::{Ids, Out, link, strip, text};
 use merge::Acc;
 
 pub use map::num;
+
+/// Whether a collection was linked by the service or guessed by Junction (where services
+/// forget the link): a guessed one that is absent is no failure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    Linked,
+    Guessed,
+}
 
 /// What one walk needs: the client, the target's name, whether to expand, the model (for the
 /// GPUs it knows), and what has been gathered so far.
@@ -94,8 +103,15 @@ impl Walker {
         let mut acc = lock(&self.acc);
         match e {
             Error::Status(..) | Error::Protocol(..) => {
-                tracing::debug!(path, error = %e, "Redfish resource skipped");
                 acc.failed += 1;
+                drop(acc);
+                RedfishResourceSkipped {
+                    target: &self.target,
+                    path,
+                    error_type: e.kind(),
+                    error: &e,
+                }
+                .emit(&self.model);
             }
             e => {
                 acc.fatal.get_or_insert(e);
@@ -107,8 +123,25 @@ impl Walker {
         self.expand && !self.client.expand_failed.load(Ordering::Relaxed)
     }
 
+    /// A resource that a service may not have (a guessed path): absent (404) is no failure.
+    async fn get_guessed(&self, path: &str) -> Option<Value> {
+        match self.client.get(path).await {
+            Ok(v) => Some(v),
+            Err(Error::Status(404, _)) => None,
+            Err(e) => {
+                self.failure(path, e);
+                None
+            }
+        }
+    }
+
     /// A collection's members: (URL, the member's document when the collection was expanded).
-    async fn members(&self, path: &str, expand: bool) -> Vec<(String, Option<Value>)> {
+    async fn members_of(
+        &self,
+        path: &str,
+        expand: bool,
+        presence: Presence,
+    ) -> Vec<(String, Option<Value>)> {
         let doc = if expand && self.expanding() {
             let q = format!("{path}?$expand=.($levels=1)");
             match self.client.get(&q).await {
@@ -117,7 +150,10 @@ impl Walker {
                 // (advertised or not): plain GETs from now on. A collection that is simply
                 // missing is no reason to stop expanding.
                 Err(Error::Status(..)) => {
-                    let plain = self.get(path).await;
+                    let plain = match presence {
+                        Presence::Linked => self.get(path).await,
+                        Presence::Guessed => self.get_guessed(path).await,
+                    };
                     if plain.is_some() {
                         self.client.expand_failed.store(true, Ordering::Relaxed);
                     }
@@ -128,6 +164,8 @@ impl Walker {
                     None
                 }
             }
+        } else if presence == Presence::Guessed {
+            self.get_guessed(path).await
         } else {
             self.get(path).await
         };
@@ -162,7 +200,16 @@ impl Walker {
 
     /// Every member's document, fetched in parallel where not expanded.
     async fn member_docs(self: &Arc<Self>, path: &str, expand: bool) -> Vec<(String, Value)> {
-        let members = self.members(path, expand).await;
+        self.docs_of(path, expand, Presence::Linked).await
+    }
+
+    async fn docs_of(
+        self: &Arc<Self>,
+        path: &str,
+        expand: bool,
+        presence: Presence,
+    ) -> Vec<(String, Value)> {
+        let members = self.members_of(path, expand, presence).await;
         let mut out = Vec::new();
         let mut set = tokio::task::JoinSet::new();
         for (url, doc) in members {

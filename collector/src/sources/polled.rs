@@ -1,0 +1,225 @@
+//! Targets polled alike (Redfish BMCs and CDUs, IPMI BMCs, and later anything read the same
+//! way): one task per target polls it every interval, one poll at a time (the next starts
+//! when this one is over and the interval has passed since it started), each bounded by its
+//! timeout; a target that fails says why through [`internal_events`](crate::internal_events)
+//! (counted in `junction_source_errors_total`, logged rate-limited), reports
+//! `junction_target_up` 0, says when it answers again, and never holds up the others.
+//! `junction once` polls every target once, in parallel.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::internal_events::{InternalEvent, TargetPollFailed, TargetUnusable};
+use crate::model::bmc::{Poll, TargetsUp};
+use crate::model::{Metric, Model, Sample};
+use crate::shutdown::Shutdown;
+
+/// Why a poll failed: a kind from a closed set (`error.type`) and the sentence.
+#[derive(Debug, Clone)]
+pub struct PollError {
+    /// `error.type`: timeout, auth, tls, connect, http, protocol, tool.
+    pub kind: &'static str,
+    /// What happened.
+    pub message: String,
+}
+
+/// A target polled on a schedule.
+pub trait Target: Send + Sync + Sized + 'static {
+    /// `junction.source`.
+    const SOURCE: &'static str;
+    /// Its configuration.
+    type Config: Clone + Send + Sync + 'static;
+
+    /// Opens the target (credentials, TLS, work directory); an error names the setting.
+    fn open(cfg: &Self::Config) -> Result<Self, String>;
+
+    /// The name of a target (`junction.target`), from its configuration.
+    fn name_of(cfg: &Self::Config) -> String;
+
+    /// Seconds between the starts of two polls.
+    fn interval(&self) -> Duration;
+
+    /// Bound on one whole poll.
+    fn timeout(&self) -> Duration;
+
+    /// Requests made so far.
+    fn requests(&self) -> u64;
+
+    /// One poll.
+    fn poll(&self, model: &Arc<Model>) -> impl Future<Output = Result<Poll, PollError>> + Send;
+
+    /// At shutdown (a Redfish session is deleted).
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// One target and what its polls have counted.
+struct Polled<T> {
+    target: T,
+    name: String,
+    failures: std::collections::BTreeMap<&'static str, u64>,
+    failing: bool,
+}
+
+impl<T: Target> Polled<T> {
+    /// One poll under the timeout; the result goes into the model. `Err`: why it failed.
+    async fn poll_once(&mut self, model: &Arc<Model>) -> Result<(), String> {
+        let start = Instant::now();
+        let result = tokio::time::timeout(self.target.timeout(), self.target.poll(model))
+            .await
+            .unwrap_or_else(|_| {
+                Err(PollError {
+                    kind: "timeout",
+                    message: format!(
+                        "no answer within timeout_secs ({} s)",
+                        self.target.timeout().as_secs()
+                    ),
+                })
+            });
+        let elapsed = start.elapsed();
+        let outcome = match result {
+            Ok(poll) => {
+                if std::mem::take(&mut self.failing) {
+                    tracing::info!(source = T::SOURCE, target = %self.name, "target answers again");
+                }
+                model.set_bmc(T::SOURCE, poll);
+                Ok(())
+            }
+            Err(e) => {
+                self.failing = true;
+                *self.failures.entry(e.kind).or_default() += 1;
+                TargetPollFailed {
+                    source: T::SOURCE,
+                    target: &self.name,
+                    error_type: e.kind,
+                    error: &e.message,
+                }
+                .emit(model);
+                Err(e.message)
+            }
+        };
+        let ok = outcome.is_ok();
+        let mut samples = vec![
+            Sample::new(Metric::TargetUp, f64::from(u8::from(ok))),
+            Sample::new(Metric::TargetPollDuration, elapsed.as_secs_f64()),
+            Sample::new(Metric::TargetRequests, self.target.requests() as f64),
+        ];
+        for (kind, n) in &self.failures {
+            samples
+                .push(Sample::new(Metric::TargetPollFailures, *n as f64).with("error.type", *kind));
+        }
+        for s in &mut samples {
+            s.attrs.push(("junction.source", T::SOURCE.into()));
+            s.attrs.push(("junction.target", self.name.clone().into()));
+        }
+        model.publish(T::SOURCE, format!("{}:stats", self.name), samples);
+        outcome
+    }
+}
+
+fn open<T: Target>(cfg: &T::Config, model: &Model, up: &TargetsUp) -> Option<Polled<T>> {
+    let name = T::name_of(cfg);
+    match T::open(cfg) {
+        Ok(target) => Some(Polled {
+            target,
+            name,
+            failures: Default::default(),
+            failing: false,
+        }),
+        Err(e) => {
+            up.unusable(model, &name);
+            TargetUnusable {
+                source: T::SOURCE,
+                target: &name,
+                error: &e,
+            }
+            .emit(model);
+            None
+        }
+    }
+}
+
+async fn run<T: Target>(cfg: T::Config, model: Arc<Model>, shutdown: Shutdown, up: TargetsUp) {
+    let Some(mut p) = open::<T>(&cfg, &model, &up) else {
+        return;
+    };
+    crate::privileges::gate().await;
+    let mut ticks = shutdown.ticks(p.target.interval());
+    while ticks.next().await {
+        let Some(outcome) = shutdown.unless(p.poll_once(&model)).await else {
+            break;
+        };
+        up.set(&model, &p.name, outcome.is_ok());
+    }
+    p.target.close().await;
+}
+
+/// Starts one task per target; the handle ends when they all have.
+pub fn start<T: Target>(
+    targets: Vec<T::Config>,
+    model: &Arc<Model>,
+    shutdown: &Shutdown,
+) -> tokio::task::JoinHandle<()> {
+    let up = TargetsUp::new(T::SOURCE);
+    let handles: Vec<_> = targets
+        .into_iter()
+        .map(|cfg| tokio::spawn(run::<T>(cfg, model.clone(), shutdown.clone(), up.clone())))
+        .collect();
+    tokio::spawn(async move {
+        for h in handles {
+            let _ = h.await;
+        }
+    })
+}
+
+/// `junction once` / `inventory`: every target polled once, in parallel; an error names each
+/// target that failed and why.
+pub async fn once<T: Target>(targets: Vec<T::Config>, model: Arc<Model>) -> anyhow::Result<()> {
+    let mut set = tokio::task::JoinSet::new();
+    for cfg in targets {
+        let model = model.clone();
+        set.spawn(async move {
+            let name = T::name_of(&cfg);
+            let target = T::open(&cfg).map_err(|e| format!("{name}: {e}"))?;
+            let mut p = Polled {
+                target,
+                name: name.clone(),
+                failures: Default::default(),
+                failing: false,
+            };
+            let r = p.poll_once(&model).await;
+            p.target.close().await;
+            r.map_err(|e| format!("{name}: {e}"))
+        });
+    }
+    let mut errors = Vec::new();
+    while let Some(r) = set.join_next().await {
+        if let Ok(Err(e)) = r {
+            errors.push(e);
+        }
+    }
+    errors.sort();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("{}", errors.join("; "))
+    }
+}
+
+/// A target's password: the first line of `file`, or the variable `env`; none if neither is
+/// given. An error names the setting and what is wrong with it.
+pub fn read_secret(file: &str, env: &str) -> Result<Option<String>, String> {
+    if !file.is_empty() {
+        let text =
+            std::fs::read_to_string(file).map_err(|e| format!("password_file {file:?}: {e}"))?;
+        return Ok(Some(text.lines().next().unwrap_or("").to_string()));
+    }
+    if !env.is_empty() {
+        return std::env::var(env)
+            .map(Some)
+            .map_err(|_| format!("password_env: ${env} is not set"));
+    }
+    Ok(None)
+}
