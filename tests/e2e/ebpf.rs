@@ -542,6 +542,18 @@ fn without_privileges_or_when_disabled_junction_runs_and_says_why() {
     agent.wait_for(Duration::from_secs(30), |m| {
         m.contains("hw_gpu_memory_usage_bytes")
     });
+    // Counted as the eBPF source's failure to load.
+    agent.wait_for(Duration::from_secs(30), |m| {
+        support::value(
+            &support::parse(m),
+            "junction_source_errors_total",
+            &[
+                ("junction_source", "ebpf"),
+                ("junction_stage", "load"),
+                ("error_type", "unavailable"),
+            ],
+        ) == Some(1.0)
+    });
     let text = agent.log();
     let line = text
         .lines()

@@ -17,4 +17,5 @@ mod kubernetes;
 mod otlp;
 mod quirks;
 mod rules;
+mod self_telemetry;
 mod values;
