@@ -108,99 +108,6 @@ const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
 /// Resolves the settings; `env` looks a variable up.
 pub fn resolve(c: &OtlpConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, EnvError> {
     let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
-    let bad = |variable: &str, value: String, message: &str| EnvError {
-        variable: variable.into(),
-        value,
-        message: message.into(),
-    };
-    let target = |signal: Signal| -> Result<Target, EnvError> {
-        let sig = signal.env();
-        let specific = |what: &str| format!("OTEL_EXPORTER_OTLP_{sig}_{what}");
-        let general = |what: &str| format!("OTEL_EXPORTER_OTLP_{what}");
-        // Protocol.
-        let protocol = match (
-            c.protocol.as_str(),
-            var(&specific("PROTOCOL"))
-                .map(|v| (specific("PROTOCOL"), v))
-                .or_else(|| var(&general("PROTOCOL")).map(|v| (general("PROTOCOL"), v))),
-        ) {
-            ("", None) => Protocol::Grpc,
-            ("", Some((name, v))) => parse_protocol(&v)
-                .ok_or_else(|| bad(&name, v.clone(), "use grpc or http/protobuf"))?,
-            (p, _) => parse_protocol(p).unwrap_or(Protocol::Grpc),
-        };
-        // Endpoint: the file's base URL; else the signal's URL as is; else the general base.
-        let base = |b: &str| match protocol {
-            Protocol::Grpc => b.trim_end_matches('/').to_string(),
-            Protocol::HttpProtobuf => format!("{}{}", b.trim_end_matches('/'), signal.path()),
-        };
-        let endpoint = if !c.endpoint.is_empty() {
-            base(&c.endpoint)
-        } else if let Some(v) = var(&specific("ENDPOINT")) {
-            check_url(&specific("ENDPOINT"), &v)?;
-            v
-        } else if let Some(v) = var(&general("ENDPOINT")) {
-            check_url(&general("ENDPOINT"), &v)?;
-            base(&v)
-        } else {
-            base(match protocol {
-                Protocol::Grpc => "http://localhost:4317",
-                Protocol::HttpProtobuf => "http://localhost:4318",
-            })
-        };
-        // Headers: general, then signal-specific, then the file, key by key.
-        let mut headers = BTreeMap::new();
-        for name in [general("HEADERS"), specific("HEADERS")] {
-            if let Some(v) = var(&name) {
-                headers.extend(parse_pairs(&v).ok_or_else(|| EnvError {
-                    variable: name.clone(),
-                    value: "(not shown)".into(),
-                    message: "write key=value pairs separated by commas".into(),
-                })?);
-            }
-        }
-        headers.extend(c.headers.0.iter().map(|(k, v)| (k.clone(), v.clone())));
-        // Compression.
-        let gzip = match c.compression.as_str() {
-            "" => match var(&specific("COMPRESSION"))
-                .map(|v| (specific("COMPRESSION"), v))
-                .or_else(|| var(&general("COMPRESSION")).map(|v| (general("COMPRESSION"), v)))
-            {
-                None => true,
-                Some((name, v)) => match v.trim() {
-                    "gzip" => true,
-                    "none" => false,
-                    _ => return Err(bad(&name, v.clone(), "use gzip or none")),
-                },
-            },
-            other => other == "gzip",
-        };
-        // Timeout.
-        let timeout = if c.timeout_ms > 0 {
-            Duration::from_millis(c.timeout_ms)
-        } else {
-            match var(&specific("TIMEOUT"))
-                .map(|v| (specific("TIMEOUT"), v))
-                .or_else(|| var(&general("TIMEOUT")).map(|v| (general("TIMEOUT"), v)))
-            {
-                None => DEFAULT_TIMEOUT,
-                Some((name, v)) => Duration::from_millis(
-                    v.trim()
-                        .parse::<u64>()
-                        .ok()
-                        .filter(|ms| (1..=600_000).contains(ms))
-                        .ok_or_else(|| bad(&name, v.clone(), "milliseconds, 1 to 600000"))?,
-                ),
-            }
-        };
-        Ok(Target {
-            endpoint,
-            headers,
-            protocol,
-            gzip,
-            timeout,
-        })
-    };
     let interval = if c.interval_secs > 0 {
         Duration::from_secs(c.interval_secs)
     } else {
@@ -281,8 +188,8 @@ pub fn resolve(c: &OtlpConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<S
             .map(|(k, v)| (k.clone(), v.clone())),
     );
     Ok(Settings {
-        metrics: target(Signal::Metrics)?,
-        logs: target(Signal::Logs)?,
+        metrics: target(c, Signal::Metrics, &var)?,
+        logs: target(c, Signal::Logs, &var)?,
         interval,
         delta,
         ca_file,
@@ -290,6 +197,110 @@ pub fn resolve(c: &OtlpConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<S
         service_name,
         resource_attributes,
         max_queued_events: c.max_queued_events.max(1) as usize,
+    })
+}
+
+fn bad(variable: &str, value: String, message: &str) -> EnvError {
+    EnvError {
+        variable: variable.into(),
+        value,
+        message: message.into(),
+    }
+}
+
+/// One signal's endpoint, protocol, headers, compression and timeout: the file's setting,
+/// else the signal's variable, else the general one.
+fn target(
+    c: &OtlpConfig,
+    signal: Signal,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<Target, EnvError> {
+    let sig = signal.env();
+    let specific = |what: &str| format!("OTEL_EXPORTER_OTLP_{sig}_{what}");
+    let general = |what: &str| format!("OTEL_EXPORTER_OTLP_{what}");
+    // Protocol.
+    let protocol = match (
+        c.protocol.as_str(),
+        var(&specific("PROTOCOL"))
+            .map(|v| (specific("PROTOCOL"), v))
+            .or_else(|| var(&general("PROTOCOL")).map(|v| (general("PROTOCOL"), v))),
+    ) {
+        ("", None) => Protocol::Grpc,
+        ("", Some((name, v))) => {
+            parse_protocol(&v).ok_or_else(|| bad(&name, v.clone(), "use grpc or http/protobuf"))?
+        }
+        (p, _) => parse_protocol(p).unwrap_or(Protocol::Grpc),
+    };
+    // Endpoint: the file's base URL; else the signal's URL as is; else the general base.
+    let base = |b: &str| match protocol {
+        Protocol::Grpc => b.trim_end_matches('/').to_string(),
+        Protocol::HttpProtobuf => format!("{}{}", b.trim_end_matches('/'), signal.path()),
+    };
+    let endpoint = if !c.endpoint.is_empty() {
+        base(&c.endpoint)
+    } else if let Some(v) = var(&specific("ENDPOINT")) {
+        check_url(&specific("ENDPOINT"), &v)?;
+        v
+    } else if let Some(v) = var(&general("ENDPOINT")) {
+        check_url(&general("ENDPOINT"), &v)?;
+        base(&v)
+    } else {
+        base(match protocol {
+            Protocol::Grpc => "http://localhost:4317",
+            Protocol::HttpProtobuf => "http://localhost:4318",
+        })
+    };
+    // Headers: general, then signal-specific, then the file, key by key.
+    let mut headers = BTreeMap::new();
+    for name in [general("HEADERS"), specific("HEADERS")] {
+        if let Some(v) = var(&name) {
+            headers.extend(parse_pairs(&v).ok_or_else(|| EnvError {
+                variable: name.clone(),
+                value: "(not shown)".into(),
+                message: "write key=value pairs separated by commas".into(),
+            })?);
+        }
+    }
+    headers.extend(c.headers.0.iter().map(|(k, v)| (k.clone(), v.clone())));
+    // Compression.
+    let gzip = match c.compression.as_str() {
+        "" => match var(&specific("COMPRESSION"))
+            .map(|v| (specific("COMPRESSION"), v))
+            .or_else(|| var(&general("COMPRESSION")).map(|v| (general("COMPRESSION"), v)))
+        {
+            None => true,
+            Some((name, v)) => match v.trim() {
+                "gzip" => true,
+                "none" => false,
+                _ => return Err(bad(&name, v.clone(), "use gzip or none")),
+            },
+        },
+        other => other == "gzip",
+    };
+    // Timeout.
+    let timeout = if c.timeout_ms > 0 {
+        Duration::from_millis(c.timeout_ms)
+    } else {
+        match var(&specific("TIMEOUT"))
+            .map(|v| (specific("TIMEOUT"), v))
+            .or_else(|| var(&general("TIMEOUT")).map(|v| (general("TIMEOUT"), v)))
+        {
+            None => DEFAULT_TIMEOUT,
+            Some((name, v)) => Duration::from_millis(
+                v.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| (1..=600_000).contains(ms))
+                    .ok_or_else(|| bad(&name, v.clone(), "milliseconds, 1 to 600000"))?,
+            ),
+        }
+    };
+    Ok(Target {
+        endpoint,
+        headers,
+        protocol,
+        gzip,
+        timeout,
     })
 }
 

@@ -22,7 +22,7 @@ use crate::config::{Config, Invalid, config_section};
 use crate::internal_events::{HealthInputUnreadable, InternalEvent};
 use crate::model::bmc::{Level, Quantity};
 use crate::model::health::{Action, Code};
-use crate::model::{HealthState, Metric, Model, Sample};
+use crate::model::{GpuSlot, HealthState, Metric, Model, Sample};
 use forecast::{Params, Trend};
 use rules::{Finding, Rates, find, samples};
 
@@ -134,6 +134,41 @@ impl Evaluator {
         let t = now.duration_since(self.start).as_secs_f64();
         let mut out = Vec::new();
         // Node-wide cooling: BMC readings past their thresholds, leaks, coolant forecasts.
+        let cooling = self.cooling(model, t, &mut out);
+        let xid_counts = xid_counts(model);
+        let hold = Duration::from_secs(self.cfg.clear_after_secs);
+        for slot in model.snapshot() {
+            let uuid = slot.info.uuid.clone();
+            let st = self.gpus.entry(uuid.clone()).or_default();
+            let rates = st.rates(&slot, now, &xid_counts, hold);
+            if !rates.unreadable.is_empty() {
+                HealthInputUnreadable {
+                    gpu: &uuid,
+                    signals: &rates.unreadable,
+                }
+                .emit(model);
+            }
+            let mut findings = rules::evaluate(&slot, &rates, self.cfg.ecc_rising_per_hour);
+            findings.extend(cooling.iter().cloned());
+            findings.extend(st.forecasts(&slot, t, (&self.params, &self.cfg), &mut out));
+            st.settle(model, &uuid, findings, now, hold);
+            // The action series: one per GPU.
+            let reasons = model.health.reasons(&uuid);
+            out.push(
+                Sample::new(Metric::HealthAction, 1.0)
+                    .with("hw.id", uuid.clone())
+                    .with(
+                        "gpu.health.action",
+                        crate::model::health::action(&reasons).as_str(),
+                    ),
+            );
+        }
+        model.publish("health", "gpus", out);
+    }
+
+    /// Cooling findings for every GPU of the node: BMC readings past their thresholds, leaks,
+    /// coolant supply forecasts (their series go into `out`).
+    fn cooling(&mut self, model: &Model, t: f64, out: &mut Vec<Sample>) -> Vec<Finding> {
         let mut cooling: Vec<Finding> = Vec::new();
         for (_, poll) in model.bmc_polls() {
             for r in &poll.readings {
@@ -220,185 +255,203 @@ impl Evaluator {
                 }
             }
         }
-        // XID counters per GPU.
-        let xid_counts: BTreeMap<(String, u32), f64> = crate::model::view::Snapshot::take(model)
-            .view()
-            .iter()
-            .filter(|(i, _)| *i == Metric::XidErrors as usize)
-            .flat_map(|(_, v)| v.iter())
-            .filter_map(|(_, s)| {
-                Some((
-                    (
-                        s.attr("hw.id")?.to_string(),
-                        s.attr("gpu.xid")?.parse().ok()?,
-                    ),
-                    s.value,
-                ))
-            })
-            .collect();
-        let hold = Duration::from_secs(self.cfg.clear_after_secs);
-        for slot in model.snapshot() {
-            let uuid = slot.info.uuid.clone();
-            let st = self.gpus.entry(uuid.clone()).or_default();
-            // Rates.
-            let mut rates = Rates::default();
-            let all = || samples(&slot);
-            if let Some(v) = find(
-                all(),
-                Metric::ViolationTime,
-                &[("gpu.violation.type", "thermal")],
-            ) {
-                rates.thermal_violation_rising = st.thermal_violation.is_some_and(|p| v > p);
-                st.thermal_violation = Some(v);
-            }
-            if let Some(n) = find(all(), Metric::PcieReplay, &[]) {
-                st.pcie.push_back((now, n));
-                while st
-                    .pcie
-                    .front()
-                    .is_some_and(|(t0, _)| now.duration_since(*t0) > Duration::from_secs(60))
-                {
-                    st.pcie.pop_front();
-                }
-                if let (Some(a), Some(b)) = (st.pcie.front(), st.pcie.back()) {
-                    let secs = b.0.duration_since(a.0).as_secs_f64();
-                    if secs >= 30.0 {
-                        rates.pcie_replays_per_min = Some((b.1 - a.1).max(0.0) * 60.0 / secs);
-                    }
-                }
-            }
-            if let Some(n) = find(
-                all(),
-                Metric::EccErrors,
-                &[("error.type", "corrected"), ("gpu.ecc.counter", "volatile")],
-            ) {
-                st.ecc.push_back((now, n));
-                while st
-                    .ecc
-                    .front()
-                    .is_some_and(|(t0, _)| now.duration_since(*t0) > Duration::from_secs(7200))
-                {
-                    st.ecc.pop_front();
-                }
-                let hour_ago = st
-                    .ecc
-                    .iter()
-                    .find(|(t0, _)| now.duration_since(*t0) <= Duration::from_secs(3600));
-                if let (Some(first), Some(mid), Some(last)) =
-                    (st.ecc.front(), hour_ago, st.ecc.back())
-                    && now.duration_since(first.0) >= Duration::from_secs(3000)
-                {
-                    rates.ecc_corrected_per_hour =
-                        Some(((last.1 - mid.1).max(0.0), (mid.1 - first.1).max(0.0)));
-                }
-            }
-            for ((id, code), n) in xid_counts.iter().filter(|((id, _), _)| *id == uuid) {
-                let _ = id;
-                let e = st.xids.entry(*code).or_insert((*n, now - hold * 2));
-                if *n > e.0 {
-                    e.1 = now;
-                }
-                e.0 = *n;
-            }
-            rates.xids = st
-                .xids
-                .iter()
-                .filter(|(_, (_, at))| now.duration_since(*at) < hold)
-                .map(|(c, _)| *c)
-                .collect();
-            // Reads that failed since the last evaluation (an unsupported feature is not
-            // counted there: it is disabled).
-            for (feature, n) in &slot.errors {
-                if st.errors.get(feature).is_some_and(|p| n > p) {
-                    rates.unreadable.push((*feature).to_string());
-                }
-                st.errors.insert(feature, *n);
-            }
-            if !rates.unreadable.is_empty() {
-                HealthInputUnreadable {
-                    gpu: &uuid,
-                    signals: &rates.unreadable,
-                }
-                .emit(model);
-            }
-            let mut findings = rules::evaluate(&slot, &rates, self.cfg.ecc_rising_per_hour);
-            findings.extend(cooling.iter().cloned());
-            // Forecasts.
-            for (loc, limit_type) in FORECASTS {
-                let temp = find(all(), Metric::Temperature, &[("hw.sensor_location", loc)]);
-                let limit = find(
-                    all(),
-                    Metric::TemperatureLimit,
-                    &[("hw.sensor_location", loc), ("hw.limit_type", limit_type)],
-                );
-                let (Some(v), Some(limit)) = (temp, limit) else {
-                    continue;
-                };
-                let trend = st.trends.entry(loc).or_default();
-                trend.push(t, v, self.params.window_secs);
-                let streak = st.streaks.entry(loc).or_default();
-                match trend.forecast(limit, t, &self.params) {
-                    Some(fc) => {
-                        out.push(
-                            Sample::new(Metric::TimeToThreshold, fc.eta_secs)
-                                .with("hw.id", uuid.clone())
-                                .with("hw.sensor_location", loc),
-                        );
-                        *streak = if fc.eta_secs < self.cfg.forecast_horizon_secs as f64 {
-                            *streak + 1
-                        } else {
-                            0
-                        };
-                        if *streak >= self.cfg.forecast_persist {
-                            findings.push(Finding {
-                                code: Code::ThermalForecast,
-                                state: HealthState::PredictedFailure,
-                                action: Action::None,
-                                detail: format!(
-                                    "{} at {:.1} °C rising {:.2} °C/min: reaches its limit of {limit} °C in about {:.0} min",
-                                    loc.replace('_', " "),
-                                    fc.level,
-                                    fc.slope * 60.0,
-                                    fc.eta_secs / 60.0
-                                ),
-                            });
-                        }
-                    }
-                    None => *streak = 0,
-                }
-            }
-            // Raise what holds; clear what has not held for the hold time. (For a duplicated
-            // code, e.g. two coolant sensors, the first finding's detail is kept.)
-            let mut raised = std::collections::BTreeSet::new();
-            for fnd in findings {
-                st.last_true.insert(fnd.code, now);
-                if raised.insert(fnd.code) {
-                    model.raise(&uuid, fnd.code, fnd.state, fnd.action, fnd.detail);
-                }
-            }
-            for code in rules::CODES {
-                if raised.contains(code) {
-                    continue;
-                }
-                if let Some(last) = st.last_true.get(code)
-                    && now.duration_since(*last) >= hold
-                {
-                    model.clear(&uuid, *code);
-                    st.last_true.remove(code);
-                }
-            }
-            // The action series: one per GPU.
-            let reasons = model.health.reasons(&uuid);
-            out.push(
-                Sample::new(Metric::HealthAction, 1.0)
-                    .with("hw.id", uuid.clone())
-                    .with(
-                        "gpu.health.action",
-                        crate::model::health::action(&reasons).as_str(),
-                    ),
-            );
+        cooling
+    }
+}
+
+/// The XID counters per (GPU, code).
+fn xid_counts(model: &Model) -> BTreeMap<(String, u32), f64> {
+    crate::model::view::Snapshot::take(model)
+        .view()
+        .iter()
+        .filter(|(i, _)| *i == Metric::XidErrors as usize)
+        .flat_map(|(_, v)| v.iter())
+        .filter_map(|(_, s)| {
+            Some((
+                (
+                    s.attr("hw.id")?.to_string(),
+                    s.attr("gpu.xid")?.parse().ok()?,
+                ),
+                s.value,
+            ))
+        })
+        .collect()
+}
+
+impl GpuState {
+    /// The rates and recent events the rules need, from this evaluation's samples.
+    fn rates(
+        &mut self,
+        slot: &GpuSlot,
+        now: Instant,
+        xid_counts: &BTreeMap<(String, u32), f64>,
+        hold: Duration,
+    ) -> Rates {
+        let st = self;
+        let uuid = &slot.info.uuid;
+        let mut rates = Rates::default();
+        let all = || samples(slot);
+        if let Some(v) = find(
+            all(),
+            Metric::ViolationTime,
+            &[("gpu.violation.type", "thermal")],
+        ) {
+            rates.thermal_violation_rising = st.thermal_violation.is_some_and(|p| v > p);
+            st.thermal_violation = Some(v);
         }
-        model.publish("health", "gpus", out);
+        if let Some(n) = find(all(), Metric::PcieReplay, &[]) {
+            st.pcie.push_back((now, n));
+            while st
+                .pcie
+                .front()
+                .is_some_and(|(t0, _)| now.duration_since(*t0) > Duration::from_secs(60))
+            {
+                st.pcie.pop_front();
+            }
+            if let (Some(a), Some(b)) = (st.pcie.front(), st.pcie.back()) {
+                let secs = b.0.duration_since(a.0).as_secs_f64();
+                if secs >= 30.0 {
+                    rates.pcie_replays_per_min = Some((b.1 - a.1).max(0.0) * 60.0 / secs);
+                }
+            }
+        }
+        if let Some(n) = find(
+            all(),
+            Metric::EccErrors,
+            &[("error.type", "corrected"), ("gpu.ecc.counter", "volatile")],
+        ) {
+            st.ecc.push_back((now, n));
+            while st
+                .ecc
+                .front()
+                .is_some_and(|(t0, _)| now.duration_since(*t0) > Duration::from_secs(7200))
+            {
+                st.ecc.pop_front();
+            }
+            let hour_ago = st
+                .ecc
+                .iter()
+                .find(|(t0, _)| now.duration_since(*t0) <= Duration::from_secs(3600));
+            if let (Some(first), Some(mid), Some(last)) = (st.ecc.front(), hour_ago, st.ecc.back())
+                && now.duration_since(first.0) >= Duration::from_secs(3000)
+            {
+                rates.ecc_corrected_per_hour =
+                    Some(((last.1 - mid.1).max(0.0), (mid.1 - first.1).max(0.0)));
+            }
+        }
+        for ((id, code), n) in xid_counts.iter().filter(|((id, _), _)| id == uuid) {
+            let _ = id;
+            let e = st.xids.entry(*code).or_insert((*n, now - hold * 2));
+            if *n > e.0 {
+                e.1 = now;
+            }
+            e.0 = *n;
+        }
+        rates.xids = st
+            .xids
+            .iter()
+            .filter(|(_, (_, at))| now.duration_since(*at) < hold)
+            .map(|(c, _)| *c)
+            .collect();
+        // Reads that failed since the last evaluation (an unsupported feature is not
+        // counted there: it is disabled).
+        for (feature, n) in &slot.errors {
+            if st.errors.get(feature).is_some_and(|p| n > p) {
+                rates.unreadable.push((*feature).to_string());
+            }
+            st.errors.insert(feature, *n);
+        }
+        rates
+    }
+
+    /// The temperature forecasts (their series go into `out`) and the findings of those that
+    /// persist.
+    fn forecasts(
+        &mut self,
+        slot: &GpuSlot,
+        t: f64,
+        (params, cfg): (&Params, &HealthConfig),
+        out: &mut Vec<Sample>,
+    ) -> Vec<Finding> {
+        let st = self;
+        let uuid = &slot.info.uuid;
+        let all = || samples(slot);
+        let mut findings = Vec::new();
+        for (loc, limit_type) in FORECASTS {
+            let temp = find(all(), Metric::Temperature, &[("hw.sensor_location", loc)]);
+            let limit = find(
+                all(),
+                Metric::TemperatureLimit,
+                &[("hw.sensor_location", loc), ("hw.limit_type", limit_type)],
+            );
+            let (Some(v), Some(limit)) = (temp, limit) else {
+                continue;
+            };
+            let trend = st.trends.entry(loc).or_default();
+            trend.push(t, v, params.window_secs);
+            let streak = st.streaks.entry(loc).or_default();
+            match trend.forecast(limit, t, params) {
+                Some(fc) => {
+                    out.push(
+                        Sample::new(Metric::TimeToThreshold, fc.eta_secs)
+                            .with("hw.id", uuid.clone())
+                            .with("hw.sensor_location", loc),
+                    );
+                    *streak = if fc.eta_secs < cfg.forecast_horizon_secs as f64 {
+                        *streak + 1
+                    } else {
+                        0
+                    };
+                    if *streak >= cfg.forecast_persist {
+                        findings.push(Finding {
+                            code: Code::ThermalForecast,
+                            state: HealthState::PredictedFailure,
+                            action: Action::None,
+                            detail: format!(
+                                "{} at {:.1} °C rising {:.2} °C/min: reaches its limit of {limit} °C in about {:.0} min",
+                                loc.replace('_', " "),
+                                fc.level,
+                                fc.slope * 60.0,
+                                fc.eta_secs / 60.0
+                            ),
+                        });
+                    }
+                }
+                None => *streak = 0,
+            }
+        }
+        findings
+    }
+
+    /// Raises what holds; clears what has not held for the hold time. (For a duplicated code,
+    /// e.g. two coolant sensors, the first finding's detail is kept.)
+    fn settle(
+        &mut self,
+        model: &Model,
+        uuid: &str,
+        findings: Vec<Finding>,
+        now: Instant,
+        hold: Duration,
+    ) {
+        let st = self;
+        let mut raised = std::collections::BTreeSet::new();
+        for fnd in findings {
+            st.last_true.insert(fnd.code, now);
+            if raised.insert(fnd.code) {
+                model.raise(uuid, fnd.code, fnd.state, fnd.action, fnd.detail);
+            }
+        }
+        for code in rules::CODES {
+            if raised.contains(code) {
+                continue;
+            }
+            if let Some(last) = st.last_true.get(code)
+                && now.duration_since(*last) >= hold
+            {
+                model.clear(uuid, *code);
+                st.last_true.remove(code);
+            }
+        }
     }
 }
 

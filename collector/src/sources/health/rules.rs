@@ -103,9 +103,17 @@ pub struct Rates {
 
 /// The rules over a GPU's latest samples.
 pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<Finding> {
+    let mut out = Vec::new();
+    memory_and_recovery(slot, &mut out);
+    thermal(slot, rates, &mut out);
+    events_and_rates(rates, ecc_rising_per_hour, &mut out);
+    out
+}
+
+/// ECC, row remapping, page retirement, the driver's recovery action.
+fn memory_and_recovery(slot: &GpuSlot, out: &mut Vec<Finding>) {
     use HealthState::{Degraded, Failed};
     let s = || samples(slot);
-    let mut out = Vec::new();
     let ecc = |ty: &str, scope: &str| {
         find(
             s(),
@@ -177,6 +185,12 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
             ));
         }
     }
+}
+
+/// Temperatures against their limits, clock slowdowns.
+fn thermal(slot: &GpuSlot, rates: &Rates, out: &mut Vec<Finding>) {
+    use HealthState::Degraded;
+    let s = || samples(slot);
     let temp = |loc: &str| find(s(), Metric::Temperature, &[("hw.sensor_location", loc)]);
     let limit = |loc: &str, ty: &str| {
         find(
@@ -227,6 +241,11 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
             "hardware slowdown (power brake or external signal) is active".into(),
         ));
     }
+}
+
+/// PCIe replays, recent XIDs, rising corrected ECC errors, unreadable inputs.
+fn events_and_rates(rates: &Rates, ecc_rising_per_hour: f64, out: &mut Vec<Finding>) {
+    use HealthState::Degraded;
     if let Some(r) = rates.pcie_replays_per_min.filter(|r| *r > 16.0) {
         out.push(f(
             Code::PcieReplayRate,
@@ -270,7 +289,6 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
             format!("cannot read: {}", rates.unreadable.join(", ")),
         ));
     }
-    out
 }
 
 #[cfg(test)]
