@@ -11,13 +11,7 @@ use crate::support::{self, Agent, parse, scrape, value};
 
 /// True when this process may write `/dev/kmsg`; otherwise skips (a failure in CI).
 pub(crate) fn privileged() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let writable = std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/kmsg")
-        .is_ok();
-    if root && writable {
+    if testkit::kmsg::writable() {
         return true;
     }
     let why = "not root, or /dev/kmsg is not writable: the kernel-log tests write records";
@@ -29,21 +23,7 @@ pub(crate) fn privileged() -> bool {
     false
 }
 
-/// Writes records to `/dev/kmsg`, reopening every 8 records: the kernel rate-limits writers
-/// to 10 records per open file (printk_devkmsg=ratelimit). Each ends with a newline: a record
-/// without one stays open for continuation and is not readable until the next one arrives.
-pub fn kmsg_write(lines: &[String]) {
-    for chunk in lines.chunks(8) {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/kmsg")
-            .expect("open /dev/kmsg for writing");
-        for l in chunk {
-            f.write_all(format!("{l}\n").as_bytes())
-                .expect("write a record");
-        }
-    }
-}
+pub use testkit::kmsg::write as kmsg_write;
 
 /// A PCI domain of this test process's own, so that its lines cannot be counted by another
 /// test (or an earlier run) reading the same kernel log.

@@ -228,23 +228,7 @@ pub fn sim_config(lib: &Path, listen: &str, interval_secs: u64) -> String {
         lib.display().to_string()
     );
     if interval_secs > 0 {
-        for g in [
-            "utilization",
-            "memory",
-            "power",
-            "temperature",
-            "clocks",
-            "errors",
-            "pcie",
-            "nvlink",
-            "processes",
-            "mig",
-            "gpm",
-        ] {
-            s.push_str(&format!(
-                "\n[sources.nvml.groups.{g}]\ninterval_secs = {interval_secs}\n"
-            ));
-        }
+        s.push_str(&testkit::nvml_groups_every(interval_secs));
     }
     s
 }

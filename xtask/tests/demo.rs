@@ -6,6 +6,8 @@
 
 use std::process::Command;
 
+use testkit::free_port;
+
 fn skip(why: &str) {
     assert!(
         std::env::var_os("CI").is_none(),
@@ -37,13 +39,6 @@ fn ready() -> bool {
         }
     }
     true
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// The pids the demo says it started are all gone.

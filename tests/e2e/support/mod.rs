@@ -1,24 +1,17 @@
-//! Shared helpers: the simulator library, running the real `junction` binary, scraping and
-//! parsing `/metrics`, an OTLP receiver.
+//! Shared helpers: the simulator library, running the real `junction` binary, scraping
+//! `/metrics`, the OTLP receiver's gRPC side, the kubelet. What the demo and the benchmarks
+//! need too (the parser, ports, kernel-log writes, the BMCs) is `junction-testkit`'s.
 
-pub mod bmc;
 pub mod kubelet;
 pub mod otlp;
 
-use std::collections::BTreeMap;
+pub use testkit::prom::{Series, parse, value};
+pub use testkit::{bmc, free_port, require_tool, root, temp_dir};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-
-/// The workspace root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
 
 /// The `junction` binary under test.
 pub fn junction() -> Command {
@@ -53,27 +46,6 @@ pub fn sim_lib(variant: &str) -> PathBuf {
     lib
 }
 
-/// A fresh directory for one test's files.
-pub fn temp_dir() -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "junction-e2e-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    ));
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
-}
-
-/// A free loopback port.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 /// An empty directory to stand for `/proc`: the simulator's pids are made up, and a real
 /// process that happens to have one of them must not lend it its name.
 pub fn empty_proc() -> PathBuf {
@@ -94,21 +66,7 @@ pub fn sim_config(variant: &str, port: u16, extra: &str) -> String {
         temp_dir().join("state").display().to_string(),
         sim_lib(variant).display().to_string()
     );
-    for g in [
-        "utilization",
-        "memory",
-        "power",
-        "temperature",
-        "clocks",
-        "errors",
-        "pcie",
-        "nvlink",
-        "processes",
-        "mig",
-        "gpm",
-    ] {
-        s.push_str(&format!("\n[sources.nvml.groups.{g}]\ninterval_secs = 1\n"));
-    }
+    s.push_str(&testkit::nvml_groups_every(1));
     s
 }
 
@@ -319,104 +277,15 @@ pub fn get(port: u16, path: &str, timeout: Duration) -> Result<String, ureq::Err
         .read_to_string()
 }
 
-/// One series of the exposition format.
-#[derive(Debug, Clone)]
-pub struct Series {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
-}
-
-/// Parses the text exposition format (the subset Junction writes).
-pub fn parse(text: &str) -> Vec<Series> {
-    let mut out = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-    {
-        let (head, value) = line.rsplit_once(' ').expect("value");
-        let (name, labels) = match head.split_once('{') {
-            Some((n, rest)) => (n, rest.trim_end_matches('}')),
-            None => (head, ""),
-        };
-        let mut map = BTreeMap::new();
-        let mut rest = labels;
-        while let Some((k, v)) = rest.split_once("=\"") {
-            let mut end = 0;
-            let bytes = v.as_bytes();
-            while end < bytes.len()
-                && !(bytes[end] == b'"' && (end == 0 || bytes[end - 1] != b'\\'))
-            {
-                end += 1;
-            }
-            map.insert(
-                k.trim_start_matches(',').to_string(),
-                v[..end].replace("\\\"", "\"").replace("\\\\", "\\"),
-            );
-            rest = &v[(end + 1).min(v.len())..];
-        }
-        out.push(Series {
-            name: name.to_string(),
-            labels: map,
-            value: value.parse().expect("number"),
-        });
-    }
-    out
-}
-
-/// The value of the one series named `name` whose labels include `labels`.
-pub fn value(series: &[Series], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let hits: Vec<&Series> = series
-        .iter()
-        .filter(|s| {
-            s.name == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-        })
-        .collect();
-    assert!(
-        hits.len() <= 1,
-        "{name} {labels:?} matches {} series: {hits:#?}",
-        hits.len()
-    );
-    hits.first().map(|s| s.value)
-}
-
 /// The GPU UUIDs in index order, from `gpu_info`.
 pub fn uuids(series: &[Series]) -> Vec<String> {
-    let mut v: Vec<(u32, String)> = series
-        .iter()
-        .filter(|s| s.name == "gpu_info")
-        .map(|s| {
-            (
-                s.labels["gpu_index"].parse().expect("index"),
-                s.labels["hw_id"].clone(),
-            )
-        })
-        .collect();
-    v.sort();
-    v.into_iter().map(|(_, u)| u).collect()
+    testkit::prom::gpus_by_index(series)
+        .into_iter()
+        .map(|(_, u)| u)
+        .collect()
 }
 
 /// Runs a command and returns its output.
 pub fn output(cmd: &mut Command) -> Output {
     cmd.output().expect("run command")
-}
-
-/// A tool on PATH, or `None` with the reason printed (a failure in CI, where it must exist).
-pub fn require_tool(name: &str, path: Option<PathBuf>) -> Option<PathBuf> {
-    let found = path.filter(|p| p.exists()).or_else(|| {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(name))
-                .find(|p| p.exists())
-        })
-    });
-    if found.is_none() {
-        let msg = format!("{name} is not installed; `cargo xtask test` installs it");
-        assert!(std::env::var_os("CI").is_none(), "{msg} (CI must not skip)");
-        eprintln!("SKIPPED: {msg}");
-    }
-    found
 }

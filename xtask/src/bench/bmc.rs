@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use super::measure;
 use crate::root;
+use testkit::free_port;
 
 /// One measured target.
 pub struct Row {
@@ -33,13 +34,6 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(19600)
 }
 
 fn base_config(dir: &Path, port: u16) -> String {

@@ -15,7 +15,6 @@ use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 mod bmc;
 mod ebpf;
 mod kmsg;
-pub(crate) mod otlp;
 
 /// The row with every source a root agent runs by default (eBPF attribution, the kernel log,
 /// health) besides NVML.
@@ -149,7 +148,7 @@ pub fn run(smoke: bool) -> Result<()> {
         }
         let sink = match compression {
             Some(c) => {
-                let sink = otlp::Sink::start()?;
+                let sink = testkit::otlp::Sink::start()?;
                 text.push_str(&format!(
                     "\n[sinks.otlp]\nenabled = true\nendpoint = \"http://127.0.0.1:{}\"\nprotocol = \"http/protobuf\"\ninterval_secs = 1\ncompression = {c:?}\n",
                     sink.port

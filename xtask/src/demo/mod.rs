@@ -26,6 +26,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::{build_ebpf, cargo, nvml_sim, root, run};
+use testkit::bmc::IpmiSim;
+use testkit::free_port;
+use testkit::prom::{Series, find, gpus_by_index, try_parse};
 
 /// How the demo runs.
 #[derive(Debug, Default)]
@@ -109,18 +112,6 @@ impl Drop for Started {
     }
 }
 
-fn free_port(udp: bool) -> u16 {
-    if udp {
-        std::net::UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .map_or(0, |a| a.port())
-    } else {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .map_or(0, |a| a.port())
-    }
-}
-
 fn tool(name: &str, also: &[PathBuf]) -> Option<PathBuf> {
     also.iter().find(|p| p.exists()).cloned().or_else(|| {
         std::env::var_os("PATH").and_then(|paths| {
@@ -143,78 +134,6 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     s.read_to_string(&mut body).ok()?;
     let (head, rest) = body.split_once("\r\n\r\n")?;
     (head.split_whitespace().nth(1) == Some("200")).then(|| rest.to_string())
-}
-
-/// One Prometheus sample.
-struct Series {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-fn parse(text: &str) -> Vec<Series> {
-    let mut out = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let (head, value) = match line.rsplit_once(' ') {
-            Some(x) => x,
-            None => continue,
-        };
-        let Ok(value) = value.parse::<f64>() else {
-            continue;
-        };
-        let (name, labels) = match head.split_once('{') {
-            Some((n, rest)) => (n, rest.trim_end_matches('}')),
-            None => (head, ""),
-        };
-        let mut map = BTreeMap::new();
-        let mut rest = labels;
-        while let Some((k, v)) = rest.split_once("=\"") {
-            let mut end = 0;
-            let bytes = v.as_bytes();
-            while end < bytes.len()
-                && !(bytes[end] == b'"' && (end == 0 || bytes[end - 1] != b'\\'))
-            {
-                end += 1;
-            }
-            map.insert(k.trim_start_matches(',').to_string(), v[..end].to_string());
-            rest = v.get(end + 1..).unwrap_or("");
-        }
-        out.push(Series {
-            name: name.to_string(),
-            labels: map,
-            value,
-        });
-    }
-    out
-}
-
-/// (index, UUID) of every GPU on a page, by index.
-fn gpus_by_index(s: &[Series]) -> Vec<(u32, String)> {
-    let mut gpus: Vec<(u32, String)> = find(s, "gpu_info", &[])
-        .iter()
-        .filter_map(|x| {
-            Some((
-                x.labels.get("gpu_index")?.parse().ok()?,
-                x.labels.get("hw_id")?.clone(),
-            ))
-        })
-        .collect();
-    gpus.sort();
-    gpus
-}
-
-fn find<'a>(s: &'a [Series], name: &str, want: &[(&str, &str)]) -> Vec<&'a Series> {
-    s.iter()
-        .filter(|x| {
-            x.name == name
-                && want
-                    .iter()
-                    .all(|(k, v)| x.labels.get(*k).map(String::as_str) == Some(*v))
-        })
-        .collect()
 }
 
 fn one(s: &[Series], name: &str, want: &[(&str, &str)]) -> Option<f64> {
@@ -322,17 +241,6 @@ fn cgroup2_root() -> Option<PathBuf> {
         })
         .and_then(|l| l.split(' ').nth(4))
         .map(PathBuf::from)
-}
-
-fn kmsg_write(lines: &[String]) -> Result<()> {
-    for l in lines {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/kmsg")
-            .context("open /dev/kmsg")?;
-        f.write_all(format!("{l}\n").as_bytes())?;
-    }
-    Ok(())
 }
 
 /// The XID lines, one per category and one from a MIG instance: (GPU index, code, line).
@@ -454,7 +362,7 @@ fn view(
     notes: &[String],
     shown: &mut Shown,
 ) -> String {
-    let s = parse(page);
+    let s = try_parse(page).unwrap_or_default();
     let mut out = String::new();
     let gpus = gpus_by_index(&s);
     out.push_str(&format!(
@@ -710,7 +618,7 @@ pub fn demo(opts: Options) -> Result<()> {
     let cdu = Cdu::prepare(&dir.join("redfish"))?;
     let redfish = match tool("sushy-static", &[venv.join("sushy-static")]) {
         Some(sushy) => {
-            let port = free_port(false);
+            let port = free_port();
             let mut child = Command::new(sushy)
                 .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
                 .arg(&cdu.dir)
@@ -742,47 +650,28 @@ pub fn demo(opts: Options) -> Result<()> {
     };
 
     // The BMC over IPMI.
-    let ipmi = match (
+    let ipmi_sim = match (
         tool("ipmi_sim", &[]),
         tool("ipmi-sensors", &[PathBuf::from("/usr/sbin/ipmi-sensors")]),
     ) {
-        (Some(sim), Some(_)) => {
-            let port = free_port(true);
-            let console = free_port(false);
-            let fixtures = root().join("tests/fixtures/ipmi");
-            let lan = std::fs::read_to_string(fixtures.join("lan.conf"))?
-                .replace("addr 127.0.0.1 9001", &format!("addr 127.0.0.1 {port}"))
-                .replace(
-                    "console 127.0.0.1 9000",
-                    &format!("console 127.0.0.1 {console}"),
-                );
-            let ipmi_dir = dir.join("ipmi");
-            std::fs::create_dir_all(ipmi_dir.join("state"))?;
-            std::fs::write(ipmi_dir.join("lan.conf"), lan)?;
-            let child = Command::new(sim)
-                .arg("-c")
-                .arg(ipmi_dir.join("lan.conf"))
-                .arg("-f")
-                .arg(fixtures.join("sim2.emu"))
-                .arg("-s")
-                .arg(ipmi_dir.join("state"))
-                .arg("-n")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(ipmi_dir.join("ipmi_sim.log"))?)
-                .spawn()
-                .context("start ipmi_sim")?;
-            started.push(Started {
-                name: "ipmi_sim",
-                child,
-            });
-            Some(port)
+        (Some(_), Some(_)) => {
+            match std::fs::read_to_string(root().join("tests/fixtures/ipmi/sim2.emu"))
+                .map_err(|e| format!("sim2.emu: {e}"))
+                .and_then(|emu| IpmiSim::try_start(&emu))
+            {
+                Ok(sim) => Some(sim),
+                Err(e) => {
+                    notes.push(format!("the IPMI BMC is skipped: {e}"));
+                    None
+                }
+            }
         }
         _ => {
             notes.push("the IPMI BMC is skipped: ipmi_sim (openipmi) or ipmi-sensors (freeipmi-tools) is not installed".into());
             None
         }
     };
+    let ipmi = ipmi_sim.as_ref().map(|sim| sim.server.port);
 
     // The node: the demo scenario on a PCI domain of this run's own.
     let domain = 0x100 + std::process::id() % 0xe000;
@@ -843,10 +732,12 @@ pub fn demo(opts: Options) -> Result<()> {
         child,
     });
     let t0 = Instant::now();
-    let uuids: Vec<String> = gpus_by_index(&parse(&http_get(port, "/metrics").unwrap_or_default()))
-        .into_iter()
-        .map(|(_, u)| u)
-        .collect();
+    let uuids: Vec<String> = gpus_by_index(
+        &try_parse(&http_get(port, "/metrics").unwrap_or_default()).unwrap_or_default(),
+    )
+    .into_iter()
+    .map(|(_, u)| u)
+    .collect();
 
     // The workload, in a cgroup named like a Docker container's.
     let mut cgroup_dir = None;
@@ -901,7 +792,7 @@ pub fn demo(opts: Options) -> Result<()> {
             && t >= 8.0 + 4.0 * next_xid as f64
         {
             next_xid += 1;
-            if let Err(e) = kmsg_write(std::slice::from_ref(line)) {
+            if let Err(e) = testkit::kmsg::try_write(std::slice::from_ref(line)) {
                 notes.push(format!("cannot write the kernel log: {e:#}"));
                 next_xid = schedule.len();
             }
@@ -939,6 +830,10 @@ pub fn demo(opts: Options) -> Result<()> {
         s.stop();
     }
     drop(started);
+    if let Some(sim) = ipmi_sim {
+        pids.push(format!("ipmi_sim={}", sim.server.child.id()));
+        drop(sim);
+    }
     if let Some(d) = cgroup_dir {
         // Its own scope only: system.slice is the host's.
         let _ = std::fs::remove_dir(&d);

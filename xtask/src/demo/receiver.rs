@@ -12,7 +12,7 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use prost::Message;
 
-use crate::bench::otlp::Sink;
+use testkit::otlp::{Handler, Sink};
 
 /// What arrived so far.
 #[derive(Debug, Default, Clone)]
@@ -67,7 +67,7 @@ impl Receiver {
         let file = Arc::new(Mutex::new(std::fs::File::create(out)?));
         let seen: Arc<Mutex<Seen>> = Arc::default();
         let s = seen.clone();
-        let handler: crate::bench::otlp::Handler = Arc::new(move |path, gzip, body| {
+        let handler: Handler = Arc::new(move |path, gzip, body| {
             let mut raw = Vec::new();
             let body = if gzip {
                 if flate2::read::GzDecoder::new(body)

@@ -1,4 +1,4 @@
-//! The OTLP part of the benchmark: a minimal OTLP/HTTP receiver that counts requests and body
+//! The OTLP/HTTP receiver of the benchmarks and the demo: a minimal one that counts requests and body
 //! bytes per path (and answers 200), so that bytes on the wire per export and per data point
 //! can be set beside the bytes of one `/metrics` scrape of the same state.
 

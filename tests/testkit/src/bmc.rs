@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{free_port, root, temp_dir};
+use super::{free_port, free_udp_port, root, temp_dir};
 
 /// A program from the test venv (`cargo xtask test` installs sushy-tools there); `None`
 /// outside CI when it is missing (skips with the reason), a failure in CI.
@@ -522,20 +522,25 @@ impl IpmiSim {
     /// Starts `ipmi_sim` with the shared `lan.conf` (users admin/password, monitor/monpass)
     /// moved to free ports, and `emu` as its command file.
     pub fn start(emu: &str) -> IpmiSim {
+        Self::try_start(emu).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`IpmiSim::start`], or why not.
+    pub fn try_start(emu: &str) -> Result<IpmiSim, String> {
         let dir = temp_dir();
         let port = free_udp_port();
         let console = free_port();
-        let lan =
-            std::fs::read_to_string(root().join("tests/fixtures/ipmi/lan.conf")).expect("lan.conf");
-        let lan = lan
+        let lan = std::fs::read_to_string(root().join("tests/fixtures/ipmi/lan.conf"))
+            .map_err(|e| format!("lan.conf: {e}"))?
             .replace("addr 127.0.0.1 9001", &format!("addr 127.0.0.1 {port}"))
             .replace(
                 "console 127.0.0.1 9000",
                 &format!("console 127.0.0.1 {console}"),
             );
-        std::fs::write(dir.join("lan.conf"), lan).expect("lan.conf");
-        std::fs::write(dir.join("sim.emu"), emu).expect("emu");
-        std::fs::create_dir_all(dir.join("state")).expect("state");
+        let io = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
+        std::fs::write(dir.join("lan.conf"), lan).map_err(io("lan.conf"))?;
+        std::fs::write(dir.join("sim.emu"), emu).map_err(io("sim.emu"))?;
+        std::fs::create_dir_all(dir.join("state")).map_err(io("state"))?;
         let log = dir.join("ipmi_sim.log");
         let mut child = Command::new("ipmi_sim")
             .arg("-c")
@@ -546,17 +551,16 @@ impl IpmiSim {
             .arg(dir.join("state"))
             .arg("-n")
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.join("ipmi_sim.out")).expect("out"))
-            .stderr(std::fs::File::create(&log).expect("log"))
+            .stdout(std::fs::File::create(dir.join("ipmi_sim.out")).map_err(io("out"))?)
+            .stderr(std::fs::File::create(&log).map_err(io("log"))?)
             .spawn()
-            .expect("start ipmi_sim");
+            .map_err(io("start ipmi_sim"))?;
         // Up when its console shows its prompt (reading it first: a client that connects and
         // leaves at once makes the simulator write to a closed socket and die of SIGPIPE).
         let start = Instant::now();
         loop {
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", console)) {
-                s.set_read_timeout(Some(Duration::from_secs(2)))
-                    .expect("timeout");
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                 let mut got = Vec::new();
                 let mut buf = [0u8; 256];
                 while !got.ends_with(b"> ") {
@@ -570,21 +574,22 @@ impl IpmiSim {
                 }
             }
             if let Ok(Some(st)) = child.try_wait() {
-                panic!(
+                return Err(format!(
                     "ipmi_sim exited ({st}): {}",
                     std::fs::read_to_string(&log).unwrap_or_default()
-                );
+                ));
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "ipmi_sim console not answering"
-            );
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("ipmi_sim console not answering".into());
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
-        IpmiSim {
+        Ok(IpmiSim {
             server: Server { child, port, log },
             console,
-        }
+        })
     }
 
     /// Sends one command to the simulator's console and waits for the next prompt (closing
@@ -610,12 +615,4 @@ impl IpmiSim {
         let got = read_prompt(&mut s);
         assert!(!got.contains("rror"), "console: {command}: {got}");
     }
-}
-
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
