@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use junction::{Format, InventoryFormat, cli, config, model, sinks, sources};
+use junction::{Format, InventoryFormat, cli, config, model, sinks};
 
 /// GPU node telemetry agent.
 #[derive(Debug, Parser)]
@@ -55,24 +55,6 @@ enum Command {
         /// Which document.
         #[arg(value_enum)]
         which: Doc,
-    },
-    /// Parse every line of a file with the kernel-log parser, `rounds` times, and print the
-    /// throughput (used by `cargo xtask bench`).
-    #[command(hide = true)]
-    ParseBench {
-        /// A file of kernel-log lines.
-        file: PathBuf,
-        /// How many times to parse it.
-        #[arg(long, default_value_t = 5)]
-        rounds: u32,
-    },
-    /// Measure what the eBPF probes cost per ioctl and per unrelated syscall, and the drain's
-    /// CPU per record (used by `cargo xtask bench`; needs root).
-    #[command(hide = true)]
-    EbpfBench {
-        /// Calls per measured round.
-        #[arg(long, default_value_t = 200_000)]
-        calls: u64,
     },
 }
 
@@ -128,30 +110,6 @@ fn main() -> ExitCode {
     // One TLS provider for every rustls user (the OTLP and BMC clients).
     junction::install_tls_provider();
 
-    if let Some(Command::ParseBench { file, rounds }) = &args.command {
-        return match sources::kmsg::parse_bench(file, *rounds) {
-            Ok(line) => {
-                println!("{line}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("junction: {e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    if let Some(Command::EbpfBench { calls }) = &args.command {
-        return match sources::ebpf::bench::run(*calls) {
-            Ok(text) => {
-                println!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("junction: {e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
     if let Some(Command::Docs { which }) = &args.command {
         print!(
             "{}",
@@ -195,7 +153,7 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Docs { .. } | Command::ParseBench { .. } | Command::EbpfBench { .. } => Ok(()),
+        Command::Docs { .. } => Ok(()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

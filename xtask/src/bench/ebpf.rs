@@ -1,4 +1,4 @@
-//! The eBPF part of the benchmark (root only): `junction ebpf-bench` measures, in one run, the
+//! The eBPF part of the benchmark (root only): the `ebpf_bench` example measures, in one run, the
 //! cost of `ioctl()` and `getppid()` with nothing attached, with empty programs on the same
 //! tracepoints (the floor), and with Junction's programs; and the drain thread's CPU per
 //! ring-buffer record.
@@ -9,16 +9,16 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-/// `key=value` figures from `junction ebpf-bench`, or why there are none.
+/// `key=value` figures from the `ebpf_bench` example, or why there are none.
 pub type Figures = Result<BTreeMap<String, f64>, String>;
 
 /// Runs it with the built `junction` at `bin`.
 pub fn run(bin: &Path, smoke: bool) -> Result<Figures> {
     let calls = if smoke { "20000" } else { "200000" };
-    let out = Command::new(bin)
-        .args(["ebpf-bench", "--calls", calls])
+    let out = Command::new(bin.with_file_name("examples").join("ebpf_bench"))
+        .args(["--calls", calls])
         .output()
-        .context("running junction ebpf-bench")?;
+        .context("running the ebpf_bench example")?;
     // Without root (or BPF) junction says why: reported, not fatal.
     if !out.status.success() {
         return Ok(Err(format!(
@@ -39,7 +39,7 @@ pub fn run(bin: &Path, smoke: bool) -> Result<Figures> {
 pub fn report(f: &Figures) -> String {
     let mut out = String::from(
         "\n## eBPF probes\n\n\
-         `junction ebpf-bench` (run by this benchmark as root): in one process and one run, the\n\
+         the `ebpf_bench` example (run by this benchmark as root): in one process and one run, the\n\
          median of 5 rounds of back-to-back calls with nothing attached, with empty programs on\n\
          `syscalls/sys_{enter,exit}_ioctl` (the floor: what any program on these tracepoints\n\
          costs), and with Junction's programs attached as the agent attaches them here\n\

@@ -76,12 +76,11 @@ pub fn run(bin: &Path, lib: &Path, smoke: bool, dir: &Path) -> Result<Figures> {
     let n = if smoke { 100_000 } else { 1_000_000 };
     let file = dir.join("kmsg-corpus.txt");
     std::fs::write(&file, corpus(n, domain))?;
-    let out = Command::new(bin)
-        .arg("parse-bench")
+    let out = Command::new(bin.with_file_name("examples").join("parse_bench"))
         .arg(&file)
         .args(["--rounds", if smoke { "1" } else { "5" }])
         .output()
-        .context("running junction parse-bench")?;
+        .context("running the parse_bench example")?;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let field = |k: &str| {
         text.split_whitespace()

@@ -69,7 +69,7 @@ pub fn run(smoke: bool) -> Result<()> {
     let lib = nvml_sim_profile(!smoke)?;
     let profile = if smoke { "debug" } else { "release" };
     let mut build = cargo();
-    build.args(["build", "--quiet", "-p", "junction"]);
+    build.args(["build", "--quiet", "-p", "junction", "--bins", "--examples"]);
     if !smoke {
         build.arg("--release");
     }

@@ -1,4 +1,4 @@
-//! `junction ebpf-bench` (hidden; run by `cargo xtask bench`, as root): what the probes cost.
+//! The `ebpf_bench` example (run by `cargo xtask bench`, as root): what the probes cost.
 //!
 //! In one process and one run: the cost of `ioctl()` and `getppid()` with nothing attached,
 //! with empty programs on the same tracepoints (the floor any syscall tracepoint brings), and
