@@ -1,6 +1,6 @@
-//! An OTLP receiver inside the tests: the `opentelemetry-proto` gRPC services over tonic and an
-//! HTTP/protobuf handler, with scripted behaviour (accept, down, slow, UNAVAILABLE / 503 with
-//! a retry hint, 400 / INVALID_ARGUMENT) and optional TLS.
+//! An OTLP receiver inside the tests: the `opentelemetry-proto` gRPC services over tonic, and
+//! the shared OTLP/HTTP receiver (`testkit::otlp`), with scripted behaviour (accept, down,
+//! slow, UNAVAILABLE / 503 with a retry hint, 400 / INVALID_ARGUMENT) and optional TLS.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -21,6 +21,7 @@ use opentelemetry_proto::tonic::collector::metrics::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use prost::Message;
+use testkit::otlp::{Answer, Request};
 
 /// How the receiver answers.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +81,7 @@ pub struct Receiver {
     pub grpc: SocketAddr,
     /// HTTP address.
     pub http: SocketAddr,
+    http_sink: testkit::otlp::Sink,
     shared: Shared,
     rt: tokio::runtime::Runtime,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -100,24 +102,36 @@ impl Receiver {
             .build()
             .expect("runtime");
         let grpc = free_addr();
-        let http = free_addr();
+        let shared = Shared {
+            mode: Arc::new(Mutex::new(Mode::Accept)),
+            got: Arc::new(Mutex::new(Received::default())),
+        };
+        let sh = shared.clone();
+        let http_sink = testkit::otlp::Sink::start_with(Some(Arc::new(move |req: &Request| {
+            http_request(&sh, req)
+        })))
+        .expect("OTLP/HTTP receiver");
+        let http = SocketAddr::from(([127, 0, 0, 1], http_sink.port));
         let mut r = Receiver {
             grpc,
             http,
-            shared: Shared {
-                mode: Arc::new(Mutex::new(Mode::Accept)),
-                got: Arc::new(Mutex::new(Received::default())),
-            },
+            http_sink,
+            shared,
             rt,
             tasks: Vec::new(),
             tls: tls.map(|t| (t.cert, t.key)),
         };
-        r.up();
+        r.serve_grpc();
         r
     }
 
-    /// Serves (again) on the same ports.
+    /// Serves again on the same ports (after [`Receiver::down`]).
     pub fn up(&mut self) {
+        self.http_sink.up();
+        self.serve_grpc();
+    }
+
+    fn serve_grpc(&mut self) {
         let shared = self.shared.clone();
         let grpc = self.grpc;
         let tls = self.tls.clone();
@@ -145,22 +159,14 @@ impl Receiver {
                 .serve_with_incoming(incoming)
                 .await;
         });
-        let shared = self.shared.clone();
-        let http = self.http;
-        let h = self.rt.spawn(async move {
-            let app = axum::Router::new()
-                .route("/v1/metrics", axum::routing::post(http_metrics))
-                .route("/v1/logs", axum::routing::post(http_logs))
-                .with_state(shared);
-            let _ = axum::serve(bind(http).await, app).await;
-        });
-        self.tasks = vec![g, h];
+        self.tasks = vec![g];
         // Let the listeners come up.
         std::thread::sleep(Duration::from_millis(100));
     }
 
     /// Stops listening (the receiver is unreachable).
     pub fn down(&mut self) {
+        self.http_sink.down();
         for t in self.tasks.drain(..) {
             t.abort();
         }
@@ -290,85 +296,52 @@ impl LogsService for Grpc {
     }
 }
 
-/// Decodes an HTTP/protobuf body (gzip or not) after the scripted answer.
-async fn http_body<T: Message + Default>(
-    shared: &Shared,
-    headers: &axum::http::HeaderMap,
-    body: &[u8],
-) -> Result<T, (axum::http::StatusCode, axum::http::HeaderMap, String)> {
-    use axum::http::{HeaderMap, StatusCode};
-    shared.seen(
-        headers
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_string()))
-            .collect(),
-    );
+/// An OTLP/HTTP request: the scripted answer, and what an accepted one carried.
+fn http_request(shared: &Shared, req: &Request) -> Answer {
+    shared.seen(req.headers.clone());
     match shared.mode() {
         Mode::Accept => {}
         Mode::Unavailable => {
-            let mut h = HeaderMap::new();
-            h.insert("retry-after", "1".parse().expect("header"));
-            return Err((StatusCode::SERVICE_UNAVAILABLE, h, "restarting".into()));
+            return Answer {
+                headers: vec![("retry-after", "1".into())],
+                body: "restarting".into(),
+                ..Answer::status(503)
+            };
         }
-        Mode::Reject(m) => return Err((StatusCode::BAD_REQUEST, HeaderMap::new(), m)),
+        Mode::Reject(m) => {
+            return Answer {
+                body: m,
+                ..Answer::status(400)
+            };
+        }
         Mode::Slow(d) => {
-            tokio::time::sleep(d).await;
-            return Err((
-                StatusCode::GATEWAY_TIMEOUT,
-                HeaderMap::new(),
-                "too late".into(),
-            ));
+            return Answer {
+                delay: Some(d),
+                body: "too late".into(),
+                ..Answer::status(504)
+            };
         }
     }
-    let gzip = headers
-        .get("content-encoding")
-        .is_some_and(|v| v.as_bytes() == b"gzip");
-    let raw = if gzip {
+    let raw = if req.gzip {
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(body)
+        flate2::read::GzDecoder::new(req.body.as_slice())
             .read_to_end(&mut out)
             .expect("gzip body");
         out
     } else {
-        body.to_vec()
+        req.body.clone()
     };
-    Ok(T::decode(raw.as_slice()).expect("protobuf body"))
-}
-
-async fn http_metrics(
-    axum::extract::State(shared): axum::extract::State<Shared>,
-    headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
-) -> impl axum::response::IntoResponse {
-    match http_body::<ExportMetricsServiceRequest>(&shared, &headers, &body).await {
-        Ok(r) => {
-            shared.got.lock().expect("got").metrics.push(r);
-            (
-                axum::http::StatusCode::OK,
-                axum::http::HeaderMap::new(),
-                String::new(),
-            )
-        }
-        Err(e) => e,
+    let mut got = shared.got.lock().expect("got");
+    match req.path.as_str() {
+        "/v1/metrics" => got
+            .metrics
+            .push(ExportMetricsServiceRequest::decode(raw.as_slice()).expect("protobuf body")),
+        "/v1/logs" => got
+            .logs
+            .push(ExportLogsServiceRequest::decode(raw.as_slice()).expect("protobuf body")),
+        _ => return Answer::status(404),
     }
-}
-
-async fn http_logs(
-    axum::extract::State(shared): axum::extract::State<Shared>,
-    headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
-) -> impl axum::response::IntoResponse {
-    match http_body::<ExportLogsServiceRequest>(&shared, &headers, &body).await {
-        Ok(r) => {
-            shared.got.lock().expect("got").logs.push(r);
-            (
-                axum::http::StatusCode::OK,
-                axum::http::HeaderMap::new(),
-                String::new(),
-            )
-        }
-        Err(e) => e,
-    }
+    Answer::ok()
 }
 
 /// A string attribute value.

@@ -1,11 +1,17 @@
-//! The OTLP/HTTP receiver of the benchmarks and the demo: a minimal one that counts requests and body
-//! bytes per path (and answers 200), so that bytes on the wire per export and per data point
-//! can be set beside the bytes of one `/metrics` scrape of the same state.
+//! The OTLP/HTTP receiver of the tests, the benchmarks and the demo: HTTP/1.1 with
+//! keep-alive on loopback, one thread per connection. It counts requests and body bytes per
+//! path (the benchmark sets bytes on the wire beside a `/metrics` scrape of the same state),
+//! hands each request to a handler (the demo decodes and shows it; the tests decode and keep
+//! it) and answers what the handler says: 200, or a scripted failure (503 with `Retry-After`,
+//! 400, an answer that comes too late). It can stop listening and come back on the same port
+//! (a receiver that restarts). The end-to-end tests add the gRPC side with tonic.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Requests and body bytes per path.
 #[derive(Debug, Default, Clone)]
@@ -14,37 +20,114 @@ pub struct Counts {
     pub bytes: u64,
 }
 
-/// A running counting receiver.
+/// One request as it arrived.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The path (`/v1/metrics`, `/v1/logs`).
+    pub path: String,
+    /// The headers, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// Whether the body is gzip-compressed (`Content-Encoding: gzip`).
+    pub gzip: bool,
+    /// The body as sent.
+    pub body: Vec<u8>,
+}
+
+/// What to answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// Extra headers.
+    pub headers: Vec<(&'static str, String)>,
+    /// Wait this long first (an answer that comes after the client gave up).
+    pub delay: Option<Duration>,
+    /// The body (a rejection's reason).
+    pub body: String,
+}
+
+impl Answer {
+    /// 200, at once.
+    pub fn ok() -> Answer {
+        Answer::status(200)
+    }
+
+    /// `status`, at once.
+    pub fn status(status: u16) -> Answer {
+        Answer {
+            status,
+            headers: Vec::new(),
+            delay: None,
+            body: String::new(),
+        }
+    }
+}
+
+/// What to do with each request (besides counting it), and what to answer.
+pub type Handler = Arc<dyn Fn(&Request) -> Answer + Send + Sync>;
+
+/// A running receiver; stops listening when dropped.
 pub struct Sink {
     pub port: u16,
     counts: Arc<Mutex<BTreeMap<String, Counts>>>,
+    handler: Option<Handler>,
+    stop: Arc<AtomicBool>,
 }
 
-/// What to do with each request body besides counting it: `(path, gzip, body)`.
-pub type Handler = Arc<dyn Fn(&str, bool, &[u8]) + Send + Sync>;
-
 impl Sink {
-    /// Listens on a free loopback port.
+    /// Listens on a free loopback port, answering 200 to everything.
     pub fn start() -> std::io::Result<Sink> {
         Sink::start_with(None)
     }
 
-    /// Listens on a free loopback port and hands every body to `handler`.
+    /// Listens on a free loopback port and hands every request to `handler`.
     pub fn start_with(handler: Option<Handler>) -> std::io::Result<Sink> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
-        let port = listener.local_addr()?.port();
-        let counts: Arc<Mutex<BTreeMap<String, Counts>>> = Arc::default();
-        let c = counts.clone();
+        let mut sink = Sink {
+            port: listener.local_addr()?.port(),
+            counts: Arc::default(),
+            handler,
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        sink.serve(listener);
+        Ok(sink)
+    }
+
+    fn serve(&mut self, listener: TcpListener) {
+        let stop = Arc::new(AtomicBool::new(false));
+        self.stop = stop.clone();
+        let (c, h) = (self.counts.clone(), self.handler.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let c = c.clone();
-                let h = handler.clone();
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let (c, h, stop) = (c.clone(), h.clone(), stop.clone());
                 std::thread::spawn(move || {
-                    let _ = serve(conn, &c, h.as_ref());
+                    let _ = serve(conn, &c, h.as_ref(), &stop);
                 });
             }
         });
-        Ok(Sink { port, counts })
+    }
+
+    /// Stops listening and drops the open connections (the receiver is unreachable).
+    pub fn down(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so that it sees the flag and closes the listener.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// Listens again on the same port (retrying briefly while the old socket lets go).
+    pub fn up(&mut self) {
+        for _ in 0..50 {
+            if let Ok(l) = TcpListener::bind(("127.0.0.1", self.port)) {
+                self.serve(l);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("cannot listen on 127.0.0.1:{} again", self.port);
     }
 
     /// What arrived on `path` so far.
@@ -56,26 +139,60 @@ impl Sink {
     }
 }
 
-/// HTTP/1.1 with keep-alive: each request's body is read and counted, then 200.
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Status",
+    }
+}
+
+/// HTTP/1.1 with keep-alive: each request is read, counted, handed on and answered.
 fn serve(
-    conn: std::net::TcpStream,
+    conn: TcpStream,
     counts: &Mutex<BTreeMap<String, Counts>>,
     handler: Option<&Handler>,
+    stop: &AtomicBool,
 ) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_millis(200)))?;
     let mut out = conn.try_clone()?;
     let mut r = BufReader::new(conn);
     loop {
         let mut line = String::new();
-        if r.read_line(&mut line)? == 0 {
-            return Ok(());
+        // Idle between requests: look at the stop flag now and then.
+        loop {
+            match r.read_line(&mut line) {
+                Ok(0) => return Ok(()),
+                Ok(_) => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if stop.load(Ordering::SeqCst) {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
+        r.get_ref()
+            .set_read_timeout(Some(Duration::from_secs(10)))?;
         let path = line
             .split_whitespace()
             .nth(1)
             .unwrap_or_default()
             .to_string();
-        let mut len = 0usize;
-        let mut gzip = false;
+        let mut headers = Vec::new();
         loop {
             let mut h = String::new();
             if r.read_line(&mut h)? == 0 {
@@ -85,29 +202,58 @@ fn serve(
             if h.is_empty() {
                 break;
             }
-            if let Some((k, v)) = h.split_once(':')
-                && k.eq_ignore_ascii_case("content-length")
-            {
-                len = v.trim().parse().unwrap_or(0);
-            }
-            if let Some((k, v)) = h.split_once(':')
-                && k.eq_ignore_ascii_case("content-encoding")
-            {
-                gzip = v.trim().eq_ignore_ascii_case("gzip");
+            if let Some((k, v)) = h.split_once(':') {
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
             }
         }
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let len: usize = header("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let gzip = header("content-encoding").is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
         let mut body = vec![0u8; len];
         r.read_exact(&mut body)?;
-        if let Some(h) = handler {
-            h(&path, gzip, &body);
-        }
+        r.get_ref()
+            .set_read_timeout(Some(Duration::from_millis(200)))?;
         if let Ok(mut c) = counts.lock() {
-            let e = c.entry(path).or_default();
+            let e = c.entry(path.clone()).or_default();
             e.requests += 1;
             e.bytes += len as u64;
         }
-        out.write_all(
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
-        )?;
+        let req = Request {
+            path,
+            headers,
+            gzip,
+            body,
+        };
+        let answer = handler.map_or_else(Answer::ok, |h| h(&req));
+        if let Some(d) = answer.delay {
+            std::thread::sleep(d);
+        }
+        if stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let kind = if answer.body.is_empty() {
+            "application/x-protobuf"
+        } else {
+            "text/plain"
+        };
+        let mut head = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n",
+            answer.status,
+            reason(answer.status),
+            answer.body.len()
+        );
+        for (k, v) in &answer.headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        head.push_str(&answer.body);
+        out.write_all(head.as_bytes())?;
     }
 }

@@ -12,7 +12,7 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use prost::Message;
 
-use testkit::otlp::{Handler, Sink};
+use testkit::otlp::{Answer, Handler, Request, Sink};
 
 /// What arrived so far.
 #[derive(Debug, Default, Clone)]
@@ -67,14 +67,15 @@ impl Receiver {
         let file = Arc::new(Mutex::new(std::fs::File::create(out)?));
         let seen: Arc<Mutex<Seen>> = Arc::default();
         let s = seen.clone();
-        let handler: Handler = Arc::new(move |path, gzip, body| {
+        let handler: Handler = Arc::new(move |req: &Request| {
+            let (path, gzip, body) = (req.path.as_str(), req.gzip, req.body.as_slice());
             let mut raw = Vec::new();
             let body = if gzip {
                 if flate2::read::GzDecoder::new(body)
                     .read_to_end(&mut raw)
                     .is_err()
                 {
-                    return;
+                    return Answer::ok();
                 }
                 raw.as_slice()
             } else {
@@ -83,11 +84,11 @@ impl Receiver {
             let mut lines = Vec::new();
             let mut seen = match s.lock() {
                 Ok(g) => g,
-                Err(_) => return,
+                Err(_) => return Answer::ok(),
             };
             if path.ends_with("/v1/metrics") {
                 let Ok(req) = ExportMetricsServiceRequest::decode(body) else {
-                    return;
+                    return Answer::ok();
                 };
                 let (mut metrics, mut points) = (0u64, 0u64);
                 for rm in &req.resource_metrics {
@@ -124,7 +125,7 @@ impl Receiver {
                 ));
             } else if path.ends_with("/v1/logs") {
                 let Ok(req) = ExportLogsServiceRequest::decode(body) else {
-                    return;
+                    return Answer::ok();
                 };
                 for rl in &req.resource_logs {
                     for sl in &rl.scope_logs {
@@ -175,6 +176,7 @@ impl Receiver {
                     let _ = writeln!(f, "{l}");
                 }
             }
+            Answer::ok()
         });
         let sink = Sink::start_with(Some(handler))?;
         Ok(Receiver {
