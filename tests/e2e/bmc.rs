@@ -16,7 +16,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// A config with only the given sections (NVML on the simulator when `nvml`).
-fn config(sections: &str, nvml: bool, port: u16) -> String {
+pub(crate) fn config(sections: &str, nvml: bool, port: u16) -> String {
     let base = if nvml {
         support::sim_config("current", port, "")
     } else {
@@ -30,7 +30,7 @@ fn config(sections: &str, nvml: bool, port: u16) -> String {
 }
 
 /// `junction once --format prometheus` with `config`: (exit ok, stdout, stderr).
-fn once(config_text: &str) -> (bool, String, String) {
+pub(crate) fn once(config_text: &str) -> (bool, String, String) {
     let dir = support::temp_dir();
     let path = dir.join("junction.toml");
     std::fs::write(&path, config_text).expect("config");

@@ -16,6 +16,7 @@ mod kmsg_trust;
 mod kubernetes;
 mod otlp;
 mod quirks;
+mod real_bmcs;
 mod rules;
 mod self_telemetry;
 mod values;

@@ -210,6 +210,9 @@ pub fn inventory_table(model: &Model) -> String {
             );
         }
         let _ = writeln!(out, "  readings: {}", p.readings.len());
+        for n in &p.notes {
+            let _ = writeln!(out, "  note: {n}");
+        }
     }
     out
 }

@@ -248,6 +248,30 @@ impl InternalEvent for RedfishResourceSkipped<'_> {
     }
 }
 
+/// A Redfish chassis whose tree has temperatures or fans, none of which could be read (a
+/// blind chassis is never silent).
+pub struct RedfishChassisBlind<'a> {
+    /// The target.
+    pub target: &'a str,
+    /// One sentence per blind chassis.
+    pub notes: &'a [String],
+}
+
+impl InternalEvent for RedfishChassisBlind<'_> {
+    fn key(&self) -> Key {
+        Key {
+            source: "redfish",
+            stage: "chassis",
+            error_type: "blind",
+            subject: Subject::Target(self.target.to_string()),
+        }
+    }
+
+    fn log(&self, suppressed: u64) {
+        tracing::warn!(target = %self.target, suppressed, "{}; `junction inventory` lists what was read", self.notes.join("; "));
+    }
+}
+
 /// A poll of a BMC target (Redfish, IPMI) failed.
 pub struct TargetPollFailed<'a> {
     /// redfish or ipmi.

@@ -211,36 +211,51 @@ impl Reading {
     }
 }
 
+/// The `ReadingType` a unit implies (`None`: a unit that says nothing of the kind).
+fn type_of_unit(units: &str) -> Option<&'static str> {
+    Some(match units {
+        "Cel" | "C" | "degrees C" => "Temperature",
+        "W" | "Watts" => "Power",
+        "J" => "EnergyJoules",
+        "Wh" => "EnergyWh",
+        "kWh" => "EnergykWh",
+        "V" | "Volts" => "Voltage",
+        "A" | "Amps" => "Current",
+        "L/min" | "L per minute" => "LiquidFlowLPM",
+        "L/s" => "LiquidFlow",
+        "kPa" => "PressurekPa",
+        "Pa" => "PressurePa",
+        "kW" => "Heat",
+        "RPM" | "{rev}/min" => "Rotational",
+        "%" | "Percent" => "Percent",
+        "cm" => "LiquidLevel",
+        _ => return None,
+    })
+}
+
 /// Normalises a reading: the quantity, the factor to the registry's unit. `reading_type` is
-/// Redfish's `ReadingType` (absent on some BMCs: then the units decide); `context` the
-/// physical context (tells fans from pumps for speeds and percentages).
+/// Redfish's `ReadingType`, `units` its `ReadingUnits`, `context` the physical context (tells
+/// fans from pumps for speeds and percentages). As real BMCs need:
+/// - no units: a discrete sensor (Lenovo's presence and failure flags, typed `Power` or
+///   `Temperature`, read 0), not a measurement: none;
+/// - units that name another kind than `ReadingType` (Lenovo: `Current` in `Watts`,
+///   `AirFlow` in `RPM`): the units say what the number is, and win;
+/// - no `ReadingType`: the units decide; units Junction does not know: `Other`, in them.
 pub fn normalise(
     reading_type: Option<&str>,
     units: Option<&str>,
     context: Option<&str>,
 ) -> Option<(Quantity, f64)> {
-    let units = units.unwrap_or("");
-    let ty = match reading_type {
-        Some(t) => t,
-        None => match units {
-            "Cel" | "C" | "degrees C" => "Temperature",
-            "W" | "Watts" => "Power",
-            "J" => "EnergyJoules",
-            "Wh" => "EnergyWh",
-            "kWh" => "EnergykWh",
-            "V" | "Volts" => "Voltage",
-            "A" | "Amps" => "Current",
-            "L/min" | "L per minute" => "LiquidFlowLPM",
-            "L/s" => "LiquidFlow",
-            "kPa" => "PressurekPa",
-            "Pa" => "PressurePa",
-            "kW" => "Heat",
-            "RPM" | "{rev}/min" => "Rotational",
-            "%" => "Percent",
-            "cm" => "LiquidLevel",
-            "" => return None,
-            _ => "Other",
-        },
+    let units = units.unwrap_or("").trim();
+    if units.is_empty() {
+        return None;
+    }
+    let ty = match (reading_type, type_of_unit(units)) {
+        // Altitude is read as barometric pressure (Pa, DSP0268): air, not coolant.
+        (Some("Altitude"), _) => "Altitude",
+        (_, Some(by_unit)) => by_unit,
+        (Some(t), None) => t,
+        (None, None) => "Other",
     };
     let ctx = context.unwrap_or("");
     let pump = ctx == "Pump";
@@ -261,6 +276,9 @@ pub fn normalise(
         "Rotational" => (Quantity::FanRpm, 1.0),
         "Percent" if pump => (Quantity::PumpRatio, 0.01),
         "Percent" if ctx == "Fan" => (Quantity::FanRatio, 0.01),
+        // A percentage that is a humidity by its type.
+        "Percent" if reading_type == Some("Humidity") => (Quantity::Humidity, 0.01),
+        "Percent" if reading_type == Some("Valve") => (Quantity::Valve, 0.01),
         "Valve" => (Quantity::Valve, 0.01),
         _ => (Quantity::Other, 1.0),
     })
@@ -320,6 +338,9 @@ pub struct Poll {
     pub components: Vec<Component>,
     /// Readings.
     pub readings: Vec<Reading>,
+    /// What the poll found odd and an operator should know (a chassis with temperatures or
+    /// fans in its tree and none readable), one sentence each.
+    pub notes: Vec<String>,
 }
 
 impl Poll {
@@ -442,6 +463,28 @@ mod tests {
         assert_eq!(
             normalise(None, Some("furlongs"), None),
             Some((Quantity::Other, 1.0))
+        );
+        // What real BMCs send: discrete flags without units, units that contradict the type.
+        assert_eq!(normalise(Some("Power"), Some(""), None), None);
+        assert_eq!(
+            normalise(Some("Current"), Some("Watts"), None),
+            Some((Quantity::Power, 1.0))
+        );
+        assert_eq!(
+            normalise(Some("AirFlow"), Some("RPM"), Some("Fan")),
+            Some((Quantity::FanRpm, 1.0))
+        );
+        assert_eq!(
+            normalise(Some("AirFlow"), Some("CFM"), None),
+            Some((Quantity::Other, 1.0))
+        );
+        assert_eq!(
+            normalise(Some("Altitude"), Some("Pa"), None),
+            Some((Quantity::Other, 1.0))
+        );
+        assert_eq!(
+            normalise(Some("Temperature"), Some("C"), None),
+            Some((Quantity::Temperature, 1.0))
         );
     }
 

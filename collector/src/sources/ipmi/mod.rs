@@ -423,6 +423,7 @@ async fn read(t: &IpmiTarget, w: &Workdir, requests: &mut u64) -> Result<Poll, E
             health: None,
         }],
         readings,
+        notes: Vec::new(),
     })
 }
 

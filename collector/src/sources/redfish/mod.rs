@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::agent::{Component, Ctx};
 use crate::config::{Config, Invalid, config_section};
+use crate::internal_events::{InternalEvent, RedfishChassisBlind};
 use crate::model::Model;
 use crate::model::bmc::Poll;
 use crate::sources::polled::{self, PollError};
@@ -200,6 +201,13 @@ impl polled::Target for Redfish {
             secs = start.elapsed().as_secs_f64(),
             "Redfish poll"
         );
+        if !w.poll.notes.is_empty() {
+            RedfishChassisBlind {
+                target: &self.name,
+                notes: &w.poll.notes,
+            }
+            .emit(model);
+        }
         Ok(w.poll)
     }
 

@@ -1,6 +1,8 @@
 //! The chassis family: each chassis' Sensors, LeakDetectors, ThermalSubsystem (ThermalMetrics,
-//! Fans, Pumps, CoolantConnectors, LeakDetection), EnvironmentMetrics, and legacy Thermal
-//! where the newer resources gave nothing.
+//! Fans, Pumps, CoolantConnectors, LeakDetection), EnvironmentMetrics, PowerSubsystem; then,
+//! per kind of reading (temperatures, fans, power, voltages), the legacy Thermal and Power
+//! for every kind the newer resources gave this chassis none of with a value. A chassis whose
+//! tree has temperatures or fans and none readable says so.
 
 use std::sync::Arc;
 
@@ -10,6 +12,14 @@ use super::Walker;
 use super::map::{self, Chassis, Out, Owner, Part, link, strip, text};
 use crate::model::bmc::Component;
 use crate::model::lock;
+
+/// The links of a chassis that lead to temperatures or fans.
+const THERMAL_LINKS: [&str; 4] = [
+    "Sensors",
+    "ThermalSubsystem",
+    "EnvironmentMetrics",
+    "Thermal",
+];
 
 impl Walker {
     /// Records a chassis before any is traversed (sensors and reports refer to chassis by
@@ -55,8 +65,14 @@ impl Walker {
 
     /// A part of `parent` (fan, pump, connector, filter, reservoir), read once.
     pub(super) fn part(&self, part: Part, url: &str, doc: &Value, parent: &str) {
+        self.add(self.part_out(part, url, doc, parent));
+    }
+
+    fn part_out(&self, part: Part, url: &str, doc: &Value, parent: &str) -> Out {
         if self.first(url) {
-            self.add(part.map(self.ids(), url, doc, parent));
+            part.map(self.ids(), url, doc, parent)
+        } else {
+            Out::default()
         }
     }
 
@@ -87,8 +103,6 @@ impl Walker {
 
     pub(super) async fn chassis(self: Arc<Self>, url: String, doc: Value) {
         let ids = self.ids();
-        // What the newer resources gave this chassis (legacy Thermal is read where nothing).
-        let mut found = 0usize;
         let chassis = lock(&self.acc)
             .chassis
             .get(&url)
@@ -98,15 +112,17 @@ impl Walker {
                 gpu: false,
             });
         let id = chassis.id.as_str();
+        // What the newer resources give this chassis, and which kinds its tree holds.
+        let mut out = Out::default();
+        let mut present = map::Kinds::default();
         for (u, d) in self.linked(&doc, "Sensors", true).await {
-            found += 1;
+            let ty = text(&d, "ReadingType");
+            present.temperature |= ty == Some("Temperature");
+            present.fan |= ty == Some("Rotational") || text(&d, "PhysicalContext") == Some("Fan");
             if self.first(&u)
                 && let Some(r) = map::sensor(ids, &u, &d, &chassis)
             {
-                self.add(Out {
-                    readings: vec![r],
-                    ..Out::default()
-                });
+                out.readings.push(r);
             }
         }
         for (u, d) in self.linked(&doc, "LeakDetectors", true).await {
@@ -118,8 +134,10 @@ impl Walker {
             if let Some(tm) = link(&sub, "ThermalMetrics")
                 && let Some(m) = self.get(&tm).await
             {
-                found += map::array(&m, "TemperatureReadingsCelsius").count();
-                self.add(map::thermal_metrics(ids, &tm, &m, &chassis));
+                present.temperature |= map::array(&m, "TemperatureReadingsCelsius")
+                    .next()
+                    .is_some();
+                out.extend(map::thermal_metrics(ids, &tm, &m, &chassis));
             }
             for (key, part) in [
                 ("Fans", Part::Fan),
@@ -127,8 +145,8 @@ impl Walker {
                 ("CoolantConnectors", Part::Connector),
             ] {
                 for (u, d) in self.linked(&sub, key, true).await {
-                    found += 1;
-                    self.part(part, &u, &d, id);
+                    present.fan |= part == Part::Fan;
+                    out.extend(self.part_out(part, &u, &d, id));
                 }
             }
             if let Some(l) = link(&sub, "LeakDetection") {
@@ -144,17 +162,65 @@ impl Walker {
                 name: text(&doc, "Name").unwrap_or(&url),
                 parent: None,
             };
-            self.add(map::environment(&env, owner));
+            out.extend(map::environment(&env, owner));
         }
-        // Legacy Thermal where the newer resources gave nothing (absent, or linked but empty).
-        if found == 0
+        if let Some(ps) = link(&doc, "PowerSubsystem")
+            && let Some(sub) = self.get(&ps).await
+        {
+            for (u, d) in self.linked(&sub, "PowerSupplies", true).await {
+                if !self.first(&u) {
+                    continue;
+                }
+                let metrics = match link(&d, "Metrics") {
+                    Some(m) => self.get(&m).await,
+                    None => None,
+                };
+                out.extend(map::power_supply(ids, &u, &d, id, metrics.as_ref()));
+            }
+        }
+        // The legacy resources, for the kinds the newer ones did not give.
+        let given = out.kinds();
+        if (!given.temperature || !given.fan)
             && let Some(t) = link(&doc, "Thermal")
             && let Some(th) = self.get(&t).await
         {
-            self.add(Out {
-                readings: map::legacy_thermal(ids, &th, id),
-                ..Out::default()
-            });
+            present.temperature |= map::array(&th, "Temperatures").next().is_some();
+            present.fan |= map::array(&th, "Fans").next().is_some();
+            out.readings
+                .extend(map::legacy_thermal(ids, &th, id).into_iter().filter(|r| {
+                    if r.hw_type == "fan" {
+                        !given.fan
+                    } else {
+                        !given.temperature
+                    }
+                }));
         }
+        if (!given.power || !given.voltage)
+            && let Some(p) = link(&doc, "Power")
+            && let Some(pw) = self.get(&p).await
+        {
+            let legacy = map::legacy_power(ids, &pw, id);
+            if !given.power {
+                out.readings.extend(legacy.power);
+            }
+            if !given.voltage {
+                out.readings.extend(legacy.voltage);
+            }
+            out.components.extend(legacy.supplies);
+        }
+        // A chassis with temperatures or fans in its tree and none read.
+        let read = out.kinds();
+        if (present.temperature || present.fan) && !read.temperature && !read.fan {
+            let tried: Vec<&str> = THERMAL_LINKS
+                .into_iter()
+                .filter(|k| link(&doc, k).is_some())
+                .collect();
+            let name = text(&doc, "Name").unwrap_or(&url);
+            lock(&self.acc).notes.push(format!(
+                "chassis {name} ({url}): no temperature or fan could be read from {}",
+                tried.join(", ")
+            ));
+        }
+        self.add(out);
     }
 }

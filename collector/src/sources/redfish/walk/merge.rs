@@ -27,6 +27,8 @@ pub struct Acc {
     pub misnamed: Vec<(String, String)>,
     /// Sub-resources that failed.
     pub failed: u64,
+    /// Notes for the operator (blind chassis).
+    pub notes: Vec<String>,
     /// An error that fails the whole poll (credentials refused past the ServiceRoot, which
     /// services serve without authentication; TLS; the connection).
     pub fatal: Option<Error>,
@@ -70,6 +72,7 @@ impl Acc {
                 target: target.to_string(),
                 components: self.components,
                 readings: self.readings,
+                notes: self.notes,
             },
             failed: self.failed,
             misnamed: self.misnamed,

@@ -159,10 +159,19 @@ const ENVIRONMENT: &[Prop] = &[
     prop("EnergykWh", Quantity::Energy, 3.6e6),
 ];
 
-/// An `EnvironmentMetrics` resource, as readings of `owner`.
+/// An `EnvironmentMetrics` resource, as readings of `owner` (named after it: a chassis'
+/// temperature is "its" temperature), with its `FanSpeedsPercent` as fan speeds named after
+/// each fan.
 pub fn environment(doc: &Value, owner: Owner<'_>) -> Out {
     let mut out = Out::default();
     out.props(doc, owner, ENVIRONMENT, Origin::Mirror);
+    for f in array(doc, "FanSpeedsPercent") {
+        let name = text(f, "DeviceName")
+            .or_else(|| text(f, "DataSourceUri"))
+            .unwrap_or("fan");
+        let fan = Owner { name, ..owner };
+        out.value(Some(f), fan, Quantity::FanRatio, 0.01, None, Origin::Mirror);
+    }
     out
 }
 

@@ -1,9 +1,10 @@
-//! The legacy resources (`Thermal`), read for what the newer ones do not give.
+//! The legacy resources (`Thermal`, `Power`), read for the kinds of reading the newer ones do
+//! not give a chassis.
 
 use serde_json::Value;
 
-use super::{Ids, array, health, num, text};
-use crate::model::bmc::{self, Quantity, Reading};
+use super::{Ids, array, health, num, temperature, text};
+use crate::model::bmc::{self, Component, Quantity, Reading};
 
 /// A legacy `Thermal` resource of the chassis `parent`: its temperatures and fans.
 pub fn legacy_thermal(ids: Ids<'_>, th: &Value, parent: &str) -> Vec<Reading> {
@@ -14,12 +15,14 @@ pub fn legacy_thermal(ids: Ids<'_>, th: &Value, parent: &str) -> Vec<Reading> {
         };
         let rid = t.get("@odata.id").and_then(Value::as_str).unwrap_or("");
         let thresholds = legacy_thresholds(t, 1.0);
+        let name = text(t, "Name").unwrap_or(rid).to_string();
+        let quantity = temperature(&name);
         out.push(Reading {
             id: ids.of(rid),
-            hw_type: "temperature".into(),
-            name: text(t, "Name").unwrap_or(rid).to_string(),
+            hw_type: quantity.sensor_type().into(),
+            name,
             parent: Some(parent.to_string()),
-            quantity: Quantity::Temperature,
+            quantity,
             value,
             unit: "Cel".into(),
             location: text(t, "PhysicalContext").map(bmc::snake),
@@ -74,4 +77,145 @@ pub fn legacy_thresholds(v: &Value, factor: f64) -> Vec<(&'static str, f64)> {
     .into_iter()
     .filter_map(|(k, n)| v.get(k).and_then(num).map(|x| (n, bmc::scale(x, factor))))
     .collect()
+}
+
+/// One legacy `Power` value as a reading of the chassis `parent`.
+fn power_reading(
+    ids: Ids<'_>,
+    entry: &Value,
+    name: String,
+    parent: &str,
+    (quantity, value): (Quantity, f64),
+    thresholds: Vec<(&'static str, f64)>,
+) -> Reading {
+    let rid = entry.get("@odata.id").and_then(Value::as_str).unwrap_or("");
+    Reading {
+        id: ids.of(rid),
+        hw_type: quantity.sensor_type().into(),
+        name,
+        parent: Some(parent.to_string()),
+        quantity,
+        value,
+        unit: if quantity == Quantity::Voltage {
+            "V"
+        } else {
+            "W"
+        }
+        .into(),
+        location: text(entry, "PhysicalContext").map(bmc::snake),
+        point: None,
+        state: Reading::level(value, &thresholds, health(entry)),
+        thresholds,
+    }
+}
+
+/// What a legacy `Power` resource of the chassis `parent` gives: power (`PowerControl`:
+/// consumed, with its limit as a threshold; the average, minimum and maximum of its
+/// interval; `PowerSupplies`: input and output watts) and voltages (`Voltages`, a supply's
+/// line input voltage), each kind apart so that the caller takes only the kinds the newer
+/// resources do not give; the supplies as components.
+pub struct LegacyPower {
+    /// Power readings.
+    pub power: Vec<Reading>,
+    /// Voltage readings.
+    pub voltage: Vec<Reading>,
+    /// The power supplies.
+    pub supplies: Vec<Component>,
+}
+
+/// A legacy `Power` resource of the chassis `parent`.
+pub fn legacy_power(ids: Ids<'_>, doc: &Value, parent: &str) -> LegacyPower {
+    let mut out = LegacyPower {
+        power: Vec::new(),
+        voltage: Vec::new(),
+        supplies: Vec::new(),
+    };
+    for c in array(doc, "PowerControl") {
+        let name = text(c, "Name").unwrap_or("chassis power").to_string();
+        let limit = c
+            .get("PowerLimit")
+            .and_then(|l| l.get("LimitInWatts"))
+            .and_then(num);
+        if let Some(w) = c.get("PowerConsumedWatts").and_then(num) {
+            let thresholds = limit.map(|l| vec![("power_limit", l)]).unwrap_or_default();
+            out.power.push(power_reading(
+                ids,
+                c,
+                name.clone(),
+                parent,
+                (Quantity::Power, w),
+                thresholds,
+            ));
+        }
+        let metrics = c.get("PowerMetrics");
+        for (key, what) in [
+            ("AverageConsumedWatts", "average"),
+            ("MinConsumedWatts", "minimum"),
+            ("MaxConsumedWatts", "maximum"),
+        ] {
+            if let Some(w) = metrics.and_then(|m| m.get(key)).and_then(num) {
+                out.power.push(power_reading(
+                    ids,
+                    c,
+                    format!("{name} ({what})"),
+                    parent,
+                    (Quantity::Power, w),
+                    Vec::new(),
+                ));
+            }
+        }
+    }
+    for p in array(doc, "PowerSupplies") {
+        let rid = p.get("@odata.id").and_then(Value::as_str).unwrap_or("");
+        let name = text(p, "Name")
+            .or_else(|| text(p, "MemberId"))
+            .unwrap_or(rid)
+            .to_string();
+        out.supplies.push(Component {
+            id: ids.of(rid),
+            hw_type: "power_supply".into(),
+            name: name.clone(),
+            parent: Some(parent.to_string()),
+            model: text(p, "Model").map(str::to_string),
+            serial: text(p, "SerialNumber").map(str::to_string),
+            health: health(p),
+        });
+        for (key, what, q) in [
+            ("PowerInputWatts", "input", Quantity::Power),
+            ("PowerOutputWatts", "output", Quantity::Power),
+            ("LineInputVoltage", "input", Quantity::Voltage),
+        ] {
+            if let Some(v) = p.get(key).and_then(num) {
+                let r = power_reading(
+                    ids,
+                    p,
+                    format!("{name} ({what})"),
+                    parent,
+                    (q, v),
+                    Vec::new(),
+                );
+                if q == Quantity::Voltage {
+                    out.voltage.push(r);
+                } else {
+                    out.power.push(r);
+                }
+            }
+        }
+    }
+    for v in array(doc, "Voltages") {
+        let Some(volts) = v.get("ReadingVolts").and_then(num) else {
+            continue;
+        };
+        let rid = v.get("@odata.id").and_then(Value::as_str).unwrap_or("");
+        let name = text(v, "Name").unwrap_or(rid).to_string();
+        out.voltage.push(power_reading(
+            ids,
+            v,
+            name,
+            parent,
+            (Quantity::Voltage, volts),
+            legacy_thresholds(v, 1.0),
+        ));
+    }
+    out
 }

@@ -5,12 +5,14 @@
 
 mod cooling;
 mod legacy;
+mod power;
 mod report;
 
 use serde_json::Value;
 
 pub use cooling::{Part, cooling_unit, environment, leak_detector, leak_groups, thermal_metrics};
-pub use legacy::{legacy_thermal, legacy_thresholds};
+pub use legacy::{LegacyPower, legacy_power, legacy_thermal, legacy_thresholds};
+pub use power::power_supply;
 pub use report::metric_report;
 
 use crate::model::bmc::{self, Component, Level, Quantity, Reading};
@@ -140,7 +142,47 @@ pub struct Out {
     pub excerpts: Vec<(Option<String>, Reading)>,
 }
 
+/// The kinds of reading the legacy resources are read for, where the newer resources give
+/// none of that kind with a value.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Kinds {
+    /// Temperatures.
+    pub temperature: bool,
+    /// Fan speeds (RPM or percent).
+    pub fan: bool,
+    /// Power.
+    pub power: bool,
+    /// Voltages.
+    pub voltage: bool,
+}
+
 impl Out {
+    /// Adds what `other` gave.
+    pub fn extend(&mut self, other: Out) {
+        self.components.extend(other.components);
+        self.readings.extend(other.readings);
+        self.excerpts.extend(other.excerpts);
+    }
+
+    /// The kinds of reading this holds with a value.
+    pub fn kinds(&self) -> Kinds {
+        let mut k = Kinds::default();
+        for r in self
+            .readings
+            .iter()
+            .chain(self.excerpts.iter().map(|(_, r)| r))
+        {
+            match r.quantity {
+                Quantity::Temperature => k.temperature = true,
+                Quantity::FanRpm | Quantity::FanRatio => k.fan = true,
+                Quantity::Power => k.power = true,
+                Quantity::Voltage => k.voltage = true,
+                _ => {}
+            }
+        }
+        k
+    }
+
     /// A value (`v`: a number, or an object with `Reading` and maybe `DataSourceUri`) as a
     /// reading of `owner`.
     pub fn value(
@@ -232,6 +274,20 @@ pub fn component(
     }
 }
 
+/// A temperature by its name: a thermal margin (Intel's DTS, "… Margin": degrees below the
+/// part's limit, read as a negative number) is not a temperature; it is reported as a
+/// reading in `Cel` of its own (`bmc_sensor_reading`).
+pub fn temperature(name: &str) -> Quantity {
+    let n = name.to_ascii_lowercase();
+    if n.split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|w| w == "dts" || w == "margin")
+    {
+        Quantity::Other
+    } else {
+        Quantity::Temperature
+    }
+}
+
 /// A `Sensor` resource of `chassis`; none without a reading or a known quantity.
 pub fn sensor(ids: Ids<'_>, url: &str, doc: &Value, chassis: &Chassis) -> Option<Reading> {
     let value = doc.get("Reading").and_then(num)?;
@@ -244,6 +300,11 @@ pub fn sensor(ids: Ids<'_>, url: &str, doc: &Value, chassis: &Chassis) -> Option
         .or_else(|| text(doc, "Id"))
         .unwrap_or(url)
         .to_string();
+    let quantity = if quantity == Quantity::Temperature {
+        temperature(&name)
+    } else {
+        quantity
+    };
     let (id, hw_type, parent) = if chassis.gpu {
         (chassis.id.clone(), "gpu".to_string(), None)
     } else {
