@@ -119,10 +119,13 @@ impl Walker {
             let ty = text(&d, "ReadingType");
             present.temperature |= ty == Some("Temperature");
             present.fan |= ty == Some("Rotational") || text(&d, "PhysicalContext") == Some("Fan");
-            if self.first(&u)
-                && let Some(r) = map::sensor(ids, &u, &d, &chassis)
-            {
-                out.readings.push(r);
+            if self.first(&u) {
+                let r = map::sensor(ids, &u, &d, &chassis);
+                let name = text(&d, "Name").unwrap_or(&u).to_string();
+                lock(&self.acc)
+                    .sensors
+                    .insert(map::strip(&u).to_string(), (name, r.is_some()));
+                out.readings.extend(r);
             }
         }
         for (u, d) in self.linked(&doc, "LeakDetectors", true).await {

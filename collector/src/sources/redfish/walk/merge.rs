@@ -2,12 +2,13 @@
 //! its own right wins over every excerpt of it (`DataSourceUri`), and an excerpt reached twice
 //! (a metric report and a ThermalMetrics array) is kept once.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::super::client::Error;
 use super::Walked;
+use super::map;
 use super::map::{Chassis, Out};
-use crate::model::bmc::{Component, Poll, Reading};
+use crate::model::bmc::{Component, Poll, Quantity, Reading};
 
 /// What a walk has gathered so far.
 #[derive(Default)]
@@ -18,6 +19,8 @@ pub struct Acc {
     excerpts: Vec<(Option<String>, Reading)>,
     /// Resources read (by the URL they were fetched from).
     pub seen: HashSet<String>,
+    /// Sensor resources fetched, by URL: their names, and whether each gave a reading.
+    pub sensors: HashMap<String, (String, bool)>,
     /// Chassis URL → what the walk calls it.
     pub chassis: BTreeMap<String, Chassis>,
     /// Chassis that have a `LeakDetectors` collection (the deprecated one in LeakDetection is
@@ -59,9 +62,26 @@ impl Acc {
             return Err(e);
         }
         let mut keys: HashSet<Key> = self.readings.iter().map(key).collect();
-        for (source, r) in self.excerpts {
-            if source.as_ref().is_some_and(|s| self.seen.contains(s)) {
-                continue;
+        for (source, mut r) in self.excerpts {
+            if let Some(src) = &source {
+                match self.sensors.get(src) {
+                    // Its sensor was read with a value: reported once, as the sensor.
+                    Some((_, true)) => continue,
+                    // Its sensor gave no reading (no units): the excerpt is what there is,
+                    // named as the sensor is (a thermal margin is then known as one).
+                    Some((name, false)) => {
+                        r.name = name.clone();
+                        if r.quantity == Quantity::Temperature
+                            && map::temperature(name) == Quantity::Other
+                        {
+                            r.quantity = Quantity::Other;
+                            r.hw_type = Quantity::Other.sensor_type().into();
+                            r.unit = "Cel".into();
+                        }
+                    }
+                    None if self.seen.contains(src) => continue,
+                    None => {}
+                }
             }
             if keys.insert(key(&r)) {
                 self.readings.push(r);
