@@ -15,6 +15,11 @@ fn fixtures() -> PathBuf {
     support::root().join("tests/fixtures")
 }
 
+/// DMTF's and NVIDIA's Redfish mockups, read where they are kept (`../shared/fixtures`).
+fn shared_redfish() -> PathBuf {
+    testkit::shared().join("fixtures/redfish")
+}
+
 /// A config with only the given sections (NVML on the simulator when `nvml`).
 pub(crate) fn config(sections: &str, nvml: bool, port: u16) -> String {
     let base = if nvml {
@@ -236,12 +241,12 @@ fn dmtf_and_dgx_mockups_every_exported_value_equals_the_tree() {
         return;
     };
     let trees = [
-        ("cdu", fixtures().join("redfish/dmtf-public-cooling-unit")),
+        ("cdu", shared_redfish().join("dmtf-public-cooling-unit")),
         (
             "1u",
-            fixtures().join("redfish/dmtf-public-liquid-cooled-server"),
+            shared_redfish().join("dmtf-public-liquid-cooled-server"),
         ),
-        ("dgx", fixtures().join("redfish/nvidia-dgx-h100/redfish/v1")),
+        ("dgx", shared_redfish().join("nvidia-dgx-h100/redfish/v1")),
     ];
     let servers: Vec<_> = trees
         .iter()
@@ -1131,7 +1136,7 @@ fn redfish_sessions_are_reused_recreated_once_when_they_expire_and_deleted_at_sh
 /// and the logout reach it as it expects.
 #[test]
 fn redfish_sessions_log_in_and_out_of_dmtfs_mockup_server() {
-    let Some(server) = bmc::mockup_server(&fixtures().join("redfish/dmtf-public-cooling-unit"))
+    let Some(server) = bmc::mockup_server(&shared_redfish().join("dmtf-public-cooling-unit"))
     else {
         return;
     };

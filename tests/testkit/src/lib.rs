@@ -27,6 +27,12 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The shared folder beside the repository (`../shared`: other projects' mockups, captures
+/// and corpora, which stay there and are read from there).
+pub fn shared() -> PathBuf {
+    root().join("../shared")
+}
+
 /// A fresh directory for one test's (or one tool run's) files, under the system's temp dir.
 pub fn temp_dir() -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);

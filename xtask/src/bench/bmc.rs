@@ -117,7 +117,7 @@ pub fn run(bin: &Path, smoke: bool, dir: &Path) -> Result<Vec<Row>> {
         Command::new(&python)
             .arg(&script)
             .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-D"])
-            .arg(root().join("tests/fixtures/redfish/nvidia-dgx-h100"))
+            .arg(testkit::shared().join("fixtures/redfish/nvidia-dgx-h100"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

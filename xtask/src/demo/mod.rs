@@ -160,7 +160,11 @@ impl Cdu {
         "ThermalEquipment/CDUs/1/SecondaryCoolantConnectors/1/index.json";
 
     fn prepare(dir: &Path) -> Result<Cdu> {
-        let from = root().join("tests/fixtures/redfish/dmtf-public-cooling-unit");
+        // DMTF's CDU mockup, from the shared fixtures (other projects' data stays there).
+        let from = testkit::shared().join("fixtures/redfish/dmtf-public-cooling-unit");
+        if !from.is_dir() {
+            bail!("{} is missing", from.display());
+        }
         let _ = std::fs::remove_dir_all(dir);
         copy_tree(&from, dir)?;
         let cdu = Cdu {
@@ -615,9 +619,13 @@ pub fn demo(opts: Options) -> Result<()> {
 
     // The CDU over Redfish.
     let venv = root().join("target/venv/bin");
-    let cdu = Cdu::prepare(&dir.join("redfish"))?;
-    let redfish = match tool("sushy-static", &[venv.join("sushy-static")]) {
-        Some(sushy) => {
+    let cdu = Cdu::prepare(&dir.join("redfish"));
+    let redfish = match (tool("sushy-static", &[venv.join("sushy-static")]), &cdu) {
+        (_, Err(e)) => {
+            notes.push(format!("the Redfish CDU is skipped: {e:#}"));
+            None
+        }
+        (Some(sushy), Ok(cdu)) => {
             let port = free_port();
             let mut child = Command::new(sushy)
                 .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
@@ -643,7 +651,7 @@ pub fn demo(opts: Options) -> Result<()> {
                 }
             }
         }
-        None => {
+        (None, Ok(_)) => {
             notes.push("the Redfish CDU is skipped: sushy-static is not installed (`cargo xtask test` makes target/venv with it)".into());
             None
         }
@@ -805,7 +813,9 @@ pub fn demo(opts: Options) -> Result<()> {
         {
             flow -= 1.0;
             last_flow = Instant::now();
-            if let Err(e) = cdu.set_flow(flow) {
+            if let Ok(cdu) = &cdu
+                && let Err(e) = cdu.set_flow(flow)
+            {
                 notes.push(format!("cannot update the CDU mockup: {e:#}"));
             }
         }
