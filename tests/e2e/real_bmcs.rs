@@ -320,3 +320,71 @@ fn the_gb200_cold_plate_leak_is_critical() {
         );
     }
 }
+
+/// A chassis whose tree has temperatures and fans, none of them readable (every reading
+/// null, as a BMC whose sensors are not yet populated sends them): the poll says so, in the
+/// log and in `junction_source_errors_total{junction_stage="chassis"}`, naming the chassis
+/// and the resources it tried; `junction inventory` shows it.
+#[test]
+fn a_blind_chassis_is_never_silent() {
+    use serde_json::json;
+    let bmc = crate::support::bmc::DynamicBmc::start(|path, _| {
+        let r = "/redfish/v1";
+        Some(match path.trim_start_matches(r) {
+            "" => json!({"@odata.id": r, "Chassis": {"@odata.id": format!("{r}/Chassis")}}),
+            "/Chassis" => json!({"Members": [{"@odata.id": format!("{r}/Chassis/Board")}]}),
+            "/Chassis/Board" => json!({"Id": "Board", "Name": "Baseboard",
+                "Sensors": {"@odata.id": format!("{r}/Chassis/Board/Sensors")},
+                "Thermal": {"@odata.id": format!("{r}/Chassis/Board/Thermal")}}),
+            "/Chassis/Board/Sensors" => json!({"Members": [
+                {"@odata.id": format!("{r}/Chassis/Board/Sensors/Inlet")}]}),
+            "/Chassis/Board/Sensors/Inlet" => json!({"Id": "Inlet", "Name": "Inlet",
+                "ReadingType": "Temperature", "ReadingUnits": "Cel", "Reading": null,
+                "Status": {"State": "Absent"}}),
+            "/Chassis/Board/Thermal" => json!({
+                "Temperatures": [{"@odata.id": format!("{r}/Chassis/Board/Thermal#/Temperatures/0"),
+                    "Name": "CPU1 Temp", "ReadingCelsius": null}],
+                "Fans": [{"@odata.id": format!("{r}/Chassis/Board/Thermal#/Fans/0"),
+                    "Name": "FAN1", "Reading": null, "ReadingUnits": "RPM"}]}),
+            _ => return None,
+        })
+    });
+    let target = format!(
+        "\n[[sources.redfish.targets]]\nname = \"blind\"\nurl = \"http://127.0.0.1:{}\"\n",
+        bmc.port
+    );
+    let (ok, stdout, stderr) = once(&config(&target, false, support::free_port()));
+    assert!(ok, "the poll itself succeeds: {stderr}");
+    assert_eq!(
+        support::value(
+            &parse(&stdout),
+            "junction_source_errors_total",
+            &[
+                ("junction_source", "redfish"),
+                ("junction_stage", "chassis"),
+                ("error_type", "blind"),
+                ("junction_target", "blind"),
+            ]
+        ),
+        Some(1.0),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("chassis Baseboard") && stderr.contains("Sensors, Thermal"),
+        "the log names the chassis and what was tried: {stderr}"
+    );
+    let dir = support::temp_dir();
+    let path = dir.join("junction.toml");
+    std::fs::write(&path, config(&target, false, support::free_port())).expect("config");
+    let out = support::output(
+        support::junction()
+            .arg("--config")
+            .arg(&path)
+            .arg("inventory"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("note: chassis Baseboard"),
+        "inventory shows it:\n{text}"
+    );
+}

@@ -24,6 +24,7 @@ commands:
                     drops, an IPMI BMC, an ioctl workload, XIDs, an OTLP receiver; a live view
   test              install what the tests need, then run every check and test
   bench [--smoke]   measure CPU and memory per collection; writes BENCHMARKS.md (not with --smoke)
+  bench --bmc       the BMC polls alone; rewrites BENCHMARKS.md's BMC section
   fuzz [--secs N] [--write]
                     fuzz every parser of outside input for N seconds each (default 60); --write
                     puts the figures in BENCHMARKS.md's fuzzing section
@@ -42,6 +43,7 @@ fn main() -> Result<()> {
         "demo" => demo::demo(demo::Options::parse(rest)?),
         "demo-workload" => demo::workload::run(rest.first().map(String::as_str).unwrap_or("")),
         "test" => test(),
+        "bench" if rest.iter().any(|a| a == "--bmc") => bench::run_bmc(),
         "bench" => bench::run(rest.iter().any(|a| a == "--smoke")),
         "image" => image::build().map(|r| println!("{r}")),
         "fuzz" => fuzz_command(rest),

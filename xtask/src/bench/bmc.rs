@@ -110,36 +110,37 @@ pub fn run(bin: &Path, smoke: bool, dir: &Path) -> Result<Vec<Row>> {
         Duration::from_secs(30)
     };
     let mut rows = Vec::new();
-    let script = crate::setup::redfish_mockup_server()?;
-    let python = root().join("target/venv/bin/python");
-    let port = free_port();
-    let server = Killed(
-        Command::new(&python)
-            .arg(&script)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-D"])
-            .arg(testkit::shared().join("fixtures/redfish/nvidia-dgx-h100"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting the Redfish mockup server")?,
-    );
-    let start = Instant::now();
-    while scrape_root(port).is_err() {
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!("the Redfish mockup server did not answer");
-        }
-        std::thread::sleep(Duration::from_millis(200));
+    let dgx = testkit::shared().join("fixtures/redfish/nvidia-dgx-h100");
+    rows.extend(redfish_rows(bin, dir, "DGX H100", &dgx, true, window)?);
+    // The captures of real BMCs, each with and without `$expand` where it advertises it (the
+    // smoke run measures one).
+    let trees: &[(&str, &str)] = if smoke {
+        &[("Supermicro X13 + HGX H100", "libredfish-supermicro")]
+    } else {
+        &[
+            ("Dell iDRAC R750", "libredfish-dell"),
+            ("HPE iLO DL385", "libredfish-hpe"),
+            ("Lenovo XCC SR650 V2", "libredfish-lenovo"),
+            ("Supermicro X13 + HGX H100", "libredfish-supermicro"),
+            ("NVIDIA GB200 compute tray", "libredfish-nvidia-gb200"),
+            (
+                "NVIDIA GB200 NVLink switch tray",
+                "libredfish-nvidia-gbswitch",
+            ),
+            ("NVIDIA GH200", "libredfish-nvidia-gh200"),
+        ]
+    };
+    for (label, tree) in trees {
+        let path = testkit::shared().join("realworld/redfish").join(tree);
+        rows.extend(redfish_rows(
+            bin,
+            dir,
+            label,
+            &path,
+            advertises_expand(&path),
+            window,
+        )?);
     }
-    for (label, expand) in [
-        ("Redfish DGX H100, $expand", true),
-        ("Redfish DGX H100, no $expand", false),
-    ] {
-        let section = format!(
-            "[[sources.redfish.targets]]\nname = \"dgx\"\nurl = \"http://127.0.0.1:{port}\"\ninterval_secs = 1\ntimeout_secs = 30\nexpand = {expand}\n"
-        );
-        rows.push(measure_target(bin, dir, label, &section, window)?);
-    }
-    drop(server);
 
     // IPMI: the simulator with the shared sensors, on free ports.
     let sim_dir = dir.join("ipmi-sim");
@@ -185,6 +186,64 @@ pub fn run(bin: &Path, smoke: bool, dir: &Path) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// Whether a tree's ServiceRoot advertises `$expand` (`ProtocolFeaturesSupported.ExpandQuery`).
+fn advertises_expand(tree: &Path) -> bool {
+    std::fs::read_to_string(tree.join("redfish/v1/index.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|root| {
+            let e = &root["ProtocolFeaturesSupported"]["ExpandQuery"];
+            e["Levels"] == serde_json::Value::Bool(true)
+                || e["ExpandAll"] == serde_json::Value::Bool(true)
+        })
+}
+
+/// One tree (tall form) served by DMTF's Redfish-Mockup-Server: a row with `$expand` (where
+/// `expand`) and one without.
+fn redfish_rows(
+    bin: &Path,
+    dir: &Path,
+    label: &str,
+    tree: &Path,
+    expand: bool,
+    window: Duration,
+) -> Result<Vec<Row>> {
+    let script = crate::setup::redfish_mockup_server()?;
+    let python = root().join("target/venv/bin/python");
+    let port = free_port();
+    let server = Killed(
+        Command::new(&python)
+            .arg(&script)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-D"])
+            .arg(tree)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the Redfish mockup server")?,
+    );
+    let start = Instant::now();
+    while scrape_root(port).is_err() {
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("the Redfish mockup server did not answer for {label}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let modes: &[bool] = if expand { &[true, false] } else { &[false] };
+    let mut rows = Vec::new();
+    for &e in modes {
+        let section = format!(
+            "[[sources.redfish.targets]]\nname = \"bmc\"\nurl = \"http://127.0.0.1:{port}\"\ninterval_secs = 1\ntimeout_secs = 30\nexpand = {e}\n"
+        );
+        let row_label = format!(
+            "Redfish {label}, {}",
+            if e { "$expand" } else { "no $expand" }
+        );
+        rows.push(measure_target(bin, dir, &row_label, &section, window)?);
+    }
+    drop(server);
+    Ok(rows)
+}
+
 fn scrape_root(port: u16) -> Result<()> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
@@ -207,8 +266,11 @@ pub fn report(rows: &[Row]) -> String {
          `ipmi-sensors`), its wall time (`junction_target_poll_duration_seconds` of a `junction once`)\n\
          and the agent's CPU per poll (`junction run` polling once a second; for IPMI this includes\n\
          the `ipmi-sensors` runs, which are in the agent's cgroup). Redfish: the DGX H100 capture\n\
-         (10 chassis, 96 sensors, legacy Thermal, a metric report) served by DMTF's\n\
-         Redfish-Mockup-Server, which handles one request at a time over HTTP/1.0, as many BMCs do.\n\n\
+         (10 chassis, 96 sensors, legacy Thermal, a metric report) and the captures of real BMCs in\n\
+         `../shared/realworld/redfish/libredfish-*`, each served by DMTF's Redfish-Mockup-Server\n\
+         (one request at a time over HTTP/1.0, as many BMCs do), with and without `$expand` where\n\
+         the tree's ServiceRoot advertises it. Produced by `cargo xtask bench --bmc` (or\n\
+         `cargo xtask bench`).\n\n\
          | target | requests per poll | wall time per poll | agent CPU per poll | readings |\n|---|---|---|---|---|\n",
     );
     for r in rows {

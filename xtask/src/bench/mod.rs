@@ -232,6 +232,29 @@ pub fn run(smoke: bool) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask bench --bmc`: the BMC polls alone, with the release build; the BMC section
+/// of BENCHMARKS.md is replaced, the rest kept.
+pub fn run_bmc() -> Result<()> {
+    run_cmd(cargo().args(["build", "--quiet", "--release", "-p", "junction", "--bins"]))?;
+    let bin = root().join("target/release/junction");
+    let dir = root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let section = bmc::report(&bmc::run(&bin, false, &dir)?);
+    print!("{section}");
+    let path = root().join("BENCHMARKS.md");
+    let text = std::fs::read_to_string(&path)?;
+    let start = text
+        .find("\n## BMC polls\n")
+        .context("BENCHMARKS.md has no BMC section: run `cargo xtask bench`")?;
+    let end = text[start + 1..]
+        .find("\n## ")
+        .map_or(text.len(), |i| start + 1 + i);
+    let out = format!("{}{}{}", &text[..start], section, &text[end..]);
+    std::fs::write(&path, out)?;
+    println!("wrote the BMC section of BENCHMARKS.md");
+    Ok(())
+}
+
 /// Waits for `/metrics`, then scrapes it once a second (or not, with `scraped` false) for
 /// `window` and reads the process's CPU time and peak RSS from /proc.
 fn measure(
