@@ -180,3 +180,86 @@ fn legacy_thermal_fans_in_percent_or_rpm() {
     );
     assert_eq!(rs[0].thresholds, vec![("upper_critical", 90.0)]);
 }
+
+#[test]
+fn legacy_power_by_kind_and_margins_are_not_temperatures() {
+    let pw = json!({
+        "PowerControl": [{"@odata.id": "/redfish/v1/Chassis/1/Power#/PowerControl/0",
+            "Name": "System Power Control", "PowerConsumedWatts": 614,
+            "PowerLimit": {"LimitInWatts": 1205},
+            "PowerMetrics": {"AverageConsumedWatts": 612, "MaxConsumedWatts": null}}],
+        "PowerSupplies": [{"@odata.id": "/redfish/v1/Chassis/1/Power#/PowerSupplies/0",
+            "Name": "PS1", "PowerInputWatts": "303", "LineInputVoltage": 240,
+            "Status": {"Health": "Warning"}}],
+        "Voltages": [{"@odata.id": "/redfish/v1/Chassis/1/Power#/Voltages/0",
+            "Name": "CPU1 VCORE", "ReadingVolts": 1.8, "UpperThresholdCritical": 2.1},
+            {"Name": "Absent rail", "ReadingVolts": null}]
+    });
+    let p = map::legacy_power(IDS, &pw, "bmc1:/Chassis/1");
+    let power: Vec<_> = p.power.iter().map(|r| (r.name.as_str(), r.value)).collect();
+    assert_eq!(
+        power,
+        vec![
+            ("System Power Control", 614.0),
+            ("System Power Control (average)", 612.0),
+            ("PS1 (input)", 303.0),
+        ]
+    );
+    assert_eq!(p.power[0].thresholds, vec![("power_limit", 1205.0)]);
+    let volts: Vec<_> = p
+        .voltage
+        .iter()
+        .map(|r| (r.name.as_str(), r.value))
+        .collect();
+    assert_eq!(volts, vec![("PS1 (input)", 240.0), ("CPU1 VCORE", 1.8)]);
+    assert_eq!(p.supplies[0].health, Some(Level::Warning));
+    // What a chassis' readings give, by kind.
+    let out = map::Out {
+        readings: p.power,
+        ..map::Out::default()
+    };
+    let k = out.kinds();
+    assert!(k.power && !k.voltage && !k.temperature && !k.fan);
+    // A DTS margin is not a temperature, wherever it is read.
+    assert_eq!(map::temperature("CPU 1 DTS"), Quantity::Other);
+    assert_eq!(map::temperature("GPU0 Thermal Margin"), Quantity::Other);
+    assert_eq!(map::temperature("CPU1 Temp"), Quantity::Temperature);
+    let th = json!({"Temperatures": [{"Name": "CPU 1 DTS", "ReadingCelsius": -51}]});
+    assert_eq!(
+        map::legacy_thermal(IDS, &th, "p")[0].quantity,
+        Quantity::Other
+    );
+}
+
+#[test]
+fn a_supply_s_metrics_mirror_their_sensors() {
+    let supply = json!({"Name": "Power Supply 1"});
+    let metrics = json!({
+        "InputPowerWatts": {"Reading": 937.4, "DataSourceUri": "/redfish/v1/Chassis/1U/Sensors/PS1InputPower"},
+        "InputVoltage": {"Reading": 230.2}
+    });
+    let out = map::power_supply(
+        IDS,
+        "/redfish/v1/Chassis/1U/PowerSubsystem/PowerSupplies/Bay1",
+        &supply,
+        "bmc1:/Chassis/1U",
+        Some(&metrics),
+    );
+    assert_eq!(out.components[0].hw_type, "power_supply");
+    let got: Vec<_> = out
+        .excerpts
+        .iter()
+        .map(|(src, r)| (src.as_deref(), r.quantity, r.value))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                Some("/redfish/v1/Chassis/1U/Sensors/PS1InputPower"),
+                Quantity::Power,
+                937.4
+            ),
+            (None, Quantity::Voltage, 230.2),
+        ]
+    );
+}
