@@ -181,36 +181,7 @@ impl Walker {
                 out.extend(map::power_supply(ids, &u, &d, id, metrics.as_ref()));
             }
         }
-        // The legacy resources, for the kinds the newer ones did not give.
-        let given = out.kinds();
-        if (!given.temperature || !given.fan)
-            && let Some(t) = link(&doc, "Thermal")
-            && let Some(th) = self.get(&t).await
-        {
-            present.temperature |= map::array(&th, "Temperatures").next().is_some();
-            present.fan |= map::array(&th, "Fans").next().is_some();
-            out.readings
-                .extend(map::legacy_thermal(ids, &th, id).into_iter().filter(|r| {
-                    if r.hw_type == "fan" {
-                        !given.fan
-                    } else {
-                        !given.temperature
-                    }
-                }));
-        }
-        if (!given.power || !given.voltage)
-            && let Some(p) = link(&doc, "Power")
-            && let Some(pw) = self.get(&p).await
-        {
-            let legacy = map::legacy_power(ids, &pw, id);
-            if !given.power {
-                out.readings.extend(legacy.power);
-            }
-            if !given.voltage {
-                out.readings.extend(legacy.voltage);
-            }
-            out.components.extend(legacy.supplies);
-        }
+        self.legacy(&doc, id, &mut out, &mut present).await;
         // A chassis with temperatures or fans in its tree and none read.
         let read = out.kinds();
         if (present.temperature || present.fan) && !read.temperature && !read.fan {
@@ -225,5 +196,46 @@ impl Walker {
             ));
         }
         self.add(out);
+    }
+
+    /// The legacy Thermal and Power of a chassis, for the kinds its newer resources did not
+    /// give (`out`); what legacy Thermal holds is noted in `present`.
+    async fn legacy(
+        self: &Arc<Self>,
+        doc: &Value,
+        id: &str,
+        out: &mut Out,
+        present: &mut map::Kinds,
+    ) {
+        let ids = self.ids();
+        let given = out.kinds();
+        if (!given.temperature || !given.fan)
+            && let Some(t) = link(doc, "Thermal")
+            && let Some(th) = self.get(&t).await
+        {
+            present.temperature |= map::array(&th, "Temperatures").next().is_some();
+            present.fan |= map::array(&th, "Fans").next().is_some();
+            out.readings
+                .extend(map::legacy_thermal(ids, &th, id).into_iter().filter(|r| {
+                    if r.hw_type == "fan" {
+                        !given.fan
+                    } else {
+                        !given.temperature
+                    }
+                }));
+        }
+        if (!given.power || !given.voltage)
+            && let Some(p) = link(doc, "Power")
+            && let Some(pw) = self.get(&p).await
+        {
+            let legacy = map::legacy_power(ids, &pw, id);
+            if !given.power {
+                out.readings.extend(legacy.power);
+            }
+            if !given.voltage {
+                out.readings.extend(legacy.voltage);
+            }
+            out.components.extend(legacy.supplies);
+        }
     }
 }
