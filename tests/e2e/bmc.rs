@@ -298,9 +298,53 @@ fn dmtf_and_dgx_mockups_every_exported_value_equals_the_tree() {
         )
         .is_some()
     );
-    // The DGX's legacy Thermal (no Sensors on that chassis) is read, with its thresholds.
-    assert!(
-        out.contains("hw_name=\"TEMP_GB_HSC5\""),
+    // The DGX's legacy Thermal (no Sensors on that chassis) is read, with its thresholds:
+    // every temperature and fan of it, by value, walked here from the file.
+    let thermal: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            shared_redfish().join("nvidia-dgx-h100/redfish/v1/Chassis/DGX/Thermal/index.json"),
+        )
+        .expect("DGX Thermal"),
+    )
+    .expect("json");
+    let mut legacy = 0;
+    for (key, metric, field) in [
+        ("Temperatures", "hw_temperature_celsius", "ReadingCelsius"),
+        ("Fans", "hw_fan_speed_rpm", "Reading"),
+    ] {
+        for t in thermal[key].as_array().into_iter().flatten() {
+            let (Some(name), Some(v)) = (t["Name"].as_str(), num(&t[field])) else {
+                continue;
+            };
+            let labels = [("junction_target", "dgx"), ("hw_name", name)];
+            assert_eq!(value(&series, metric, &labels), Some(v), "{name}");
+            for (json_key, threshold) in [
+                ("LowerThresholdNonCritical", "lower_caution"),
+                ("UpperThresholdNonCritical", "upper_caution"),
+                ("UpperThresholdCritical", "upper_critical"),
+                ("UpperThresholdFatal", "upper_fatal"),
+            ] {
+                if let Some(want) = num(&t[json_key]) {
+                    let mut l = labels.to_vec();
+                    l.push(("bmc_threshold", threshold));
+                    assert_eq!(
+                        value(&series, "bmc_sensor_threshold", &l),
+                        Some(want),
+                        "{name} {threshold}"
+                    );
+                }
+            }
+            legacy += 1;
+        }
+    }
+    assert!(legacy > 0, "the DGX's legacy Thermal has readings");
+    assert_eq!(
+        value(
+            &series,
+            "hw_temperature_celsius",
+            &[("junction_target", "dgx"), ("hw_name", "TEMP_GB_HSC5")]
+        ),
+        Some(29.0),
         "legacy Thermal read"
     );
     // Its metric report's values of sensors read elsewhere are not exported twice.
@@ -1221,7 +1265,8 @@ fn the_bad_bmcs_overlap_measure_tells_back_to_back_from_overlapping() {
 
 /// `ipmitool sensor` (name → value, thresholds unc/uc/unr/lnc/lc/lnr).
 /// One `ipmitool sensor` line: name, reading, thresholds.
-type IpmitoolSensor = (String, Option<f64>, Vec<(&'static str, f64)>);
+/// (name, value, unit, thresholds) as `ipmitool sensor` prints them.
+type IpmitoolSensor = (String, Option<f64>, String, Vec<(&'static str, f64)>);
 
 fn ipmitool(sim: &IpmiSim) -> Vec<IpmitoolSensor> {
     let out = support::output(std::process::Command::new("ipmitool").args([
@@ -1239,6 +1284,11 @@ fn ipmitool(sim: &IpmiSim) -> Vec<IpmitoolSensor> {
         "USER",
         "sensor",
     ]));
+    assert!(
+        out.status.success(),
+        "ipmitool failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
@@ -1260,9 +1310,21 @@ fn ipmitool(sim: &IpmiSim) -> Vec<IpmitoolSensor> {
                     th.push((n, x));
                 }
             }
-            Some((f[0].to_string(), t(1), th))
+            Some((f[0].to_string(), t(1), f[2].to_string(), th))
         })
         .collect()
+}
+
+/// The metric an `ipmitool` unit column is exported as (IPMI's unit names, written out here
+/// on their own).
+fn ipmi_metric(unit: &str) -> &'static str {
+    match unit {
+        "degrees C" => "hw_temperature_celsius",
+        "RPM" => "cooling_pump_speed_rpm",
+        "Volts" => "hw_voltage_volts",
+        "Watts" => "hw_power_watts",
+        _ => "cooling_flow_liters_per_minute",
+    }
 }
 
 fn ipmi_target(sim: &IpmiSim) -> String {
@@ -1302,15 +1364,26 @@ fn ipmi_sim_values_equal_ipmitool_and_a_live_change_shows_at_the_next_poll() {
     let s = parse(&body);
     let reference = ipmitool(&sim);
     assert_eq!(reference.len(), 4, "{reference:?}");
-    for (name, v, _) in &reference {
-        let got = s
-            .iter()
-            .find(|x| x.labels.get("hw_name") == Some(name) && !x.name.starts_with("bmc_"))
-            .map(|x| x.value);
-        assert_eq!(got, *v, "{name}: junction {got:?}, ipmitool {v:?}");
+    for (name, v, unit, _) in &reference {
+        assert!(v.is_some(), "ipmitool reads {name}: {reference:?}");
+        let metric = ipmi_metric(unit);
+        let got = value(&s, metric, &[("hw_name", name), ("junction_target", "sim")]);
+        assert_eq!(
+            got, *v,
+            "{name} ({unit}) as {metric}: junction {got:?}, ipmitool {v:?}"
+        );
     }
-    // Pushed over its critical threshold through the simulator's console.
+    // Pushed over its critical threshold through the simulator's console (the oracle sees it
+    // first: what follows is Junction's part).
     sim.console("sensor_set_value 0x20 0 1 95 1");
+    assert_eq!(
+        ipmitool(&sim)
+            .iter()
+            .find(|r| r.0 == "GPU1 Temp")
+            .and_then(|r| r.1),
+        Some(95.0),
+        "the simulator took the change"
+    );
     let body = agent.wait_for(Duration::from_secs(15), |m| {
         let s = parse(m);
         value(&s, "hw_temperature_celsius", &[("hw_name", "GPU1 Temp")]) == Some(95.0)
@@ -1323,13 +1396,6 @@ fn ipmi_sim_values_equal_ipmitool_and_a_live_change_shows_at_the_next_poll() {
             &[("hw_name", "GPU1 Temp"), ("bmc_sensor_state", "critical")]
         ),
         Some(1.0)
-    );
-    assert_eq!(
-        ipmitool(&sim)
-            .iter()
-            .find(|r| r.0 == "GPU1 Temp")
-            .and_then(|r| r.1),
-        Some(95.0)
     );
 }
 
@@ -1357,8 +1423,10 @@ fn ipmi_thresholds_equal_ipmitool_and_a_leak_is_critical() {
         m.contains("cooling_leak_detector_state")
     });
     let s = parse(&body);
-    for (name, _, thresholds) in ipmitool(&sim) {
+    let mut compared = 0;
+    for (name, _, _, thresholds) in ipmitool(&sim) {
         for (t, v) in thresholds {
+            compared += 1;
             assert_eq!(
                 value(
                     &s,
@@ -1370,6 +1438,8 @@ fn ipmi_thresholds_equal_ipmitool_and_a_leak_is_critical() {
             );
         }
     }
+    // GPU1 Temp has three readable thresholds, the coolant flow two.
+    assert_eq!(compared, 5, "thresholds compared with ipmitool");
     assert_eq!(
         value(
             &s,

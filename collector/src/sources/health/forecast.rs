@@ -53,6 +53,25 @@ pub struct Forecast {
     pub level: f64,
 }
 
+/// A forecast alarm: it holds once forecasts that reach the limit within the horizon have
+/// followed one another `persist` times; a forecast beyond the horizon, or none, resets it.
+/// One type for the temperature and coolant forecasts and the tests that tune them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Alarm {
+    streak: u32,
+}
+
+impl Alarm {
+    /// One evaluation's forecast; true while the alarm holds.
+    pub fn step(&mut self, fc: Option<&Forecast>, horizon_secs: f64, persist: u32) -> bool {
+        match fc {
+            Some(f) if f.eta_secs < horizon_secs => self.streak += 1,
+            _ => self.streak = 0,
+        }
+        self.streak >= persist
+    }
+}
+
 /// A temperature's recent history.
 #[derive(Debug, Clone, Default)]
 pub struct Trend {
@@ -250,7 +269,7 @@ mod tests {
     ) -> Option<(f64, f64)> {
         let p = Params::default();
         let mut tr = Trend::default();
-        let mut streak = 0;
+        let mut alarm = Alarm::default();
         let mut i = 0u64;
         let mut t = 0.0;
         while t <= minutes * 60.0 {
@@ -262,14 +281,11 @@ mod tests {
                 (raw + noise(i, seed)).round()
             };
             tr.push(t, v, p.window_secs);
-            match tr.forecast(limit, t, &p) {
-                Some(f) if f.eta_secs < horizon && t >= from => {
-                    streak += 1;
-                    if streak >= PERSIST {
-                        return Some((t, f.eta_secs));
-                    }
-                }
-                _ => streak = 0,
+            let f = tr.forecast(limit, t, &p).filter(|_| t >= from);
+            if alarm.step(f.as_ref(), horizon, persist())
+                && let Some(f) = f
+            {
+                return Some((t, f.eta_secs));
             }
             t += 10.0;
             i += 1;
@@ -278,8 +294,41 @@ mod tests {
     }
 
     const LIMIT: f64 = 95.0;
-    const PERSIST: u32 = 6;
+    /// The production defaults.
+    fn persist() -> u32 {
+        super::super::HealthConfig::default().forecast_persist
+    }
+
     const HORIZON: f64 = 1200.0;
+
+    #[test]
+    fn the_tuned_horizon_is_the_default() {
+        assert_eq!(
+            super::super::HealthConfig::default().forecast_horizon_secs as f64,
+            HORIZON
+        );
+    }
+
+    #[test]
+    fn the_alarm_needs_persistence_and_resets() {
+        let near = Forecast {
+            eta_secs: 100.0,
+            slope: 0.1,
+            level: 80.0,
+        };
+        let far = Forecast {
+            eta_secs: 5000.0,
+            ..near
+        };
+        let mut a = Alarm::default();
+        assert!(!a.step(Some(&near), 1200.0, 3));
+        assert!(!a.step(Some(&near), 1200.0, 3));
+        assert!(a.step(Some(&near), 1200.0, 3), "the third in a row");
+        assert!(!a.step(Some(&far), 1200.0, 3), "beyond the horizon resets");
+        assert!(!a.step(Some(&near), 1200.0, 3));
+        assert!(!a.step(None, 1200.0, 3), "no forecast resets");
+        assert!(!a.step(Some(&near), 1200.0, 3));
+    }
 
     /// Noise sequences each ramp is run with: one sequence can pass or fail by luck (on the
     /// first one alone the 1.5 °C/min ramp came 550 s ahead; the median over 20 is 705 s).

@@ -23,7 +23,7 @@ use crate::internal_events::{HealthInputUnreadable, InternalEvent};
 use crate::model::bmc::{Level, Quantity};
 use crate::model::health::{Action, Code};
 use crate::model::{GpuSlot, HealthState, Metric, Model, Sample};
-use forecast::{Params, Trend};
+use forecast::{Alarm, Params, Trend};
 use rules::{Finding, Rates, find, samples};
 
 config_section! {
@@ -89,7 +89,7 @@ pub const COMPONENT: Component = Component {
 #[derive(Default)]
 struct GpuState {
     trends: BTreeMap<&'static str, Trend>,
-    streaks: BTreeMap<&'static str, u32>,
+    alarms: BTreeMap<&'static str, Alarm>,
     /// When each reason's condition last held.
     last_true: BTreeMap<Code, Instant>,
     thermal_violation: Option<f64>,
@@ -104,7 +104,7 @@ struct Evaluator {
     params: Params,
     start: Instant,
     gpus: BTreeMap<String, GpuState>,
-    coolant: BTreeMap<String, (Trend, u32)>,
+    coolant: BTreeMap<String, (Trend, Alarm)>,
 }
 
 /// The forecast series: (location, limit type) of the NVML thresholds they aim at.
@@ -221,35 +221,32 @@ impl Evaluator {
                         .map(|(_, v)| *v)
                         .fold(f64::INFINITY, f64::min);
                     if limit.is_finite() {
-                        let (trend, streak) = self.coolant.entry(r.id.clone()).or_default();
+                        let (trend, alarm) = self.coolant.entry(r.id.clone()).or_default();
                         trend.push(t, r.value, self.params.window_secs);
-                        if let Some(fc) = trend.forecast(limit, t, &self.params) {
+                        let fc = trend.forecast(limit, t, &self.params);
+                        if let Some(fc) = &fc {
                             let mut s = Sample::new(Metric::CoolantTimeToThreshold, fc.eta_secs)
                                 .with("hw.id", r.id.clone())
                                 .with("hw.name", r.name.clone())
                                 .with("junction.target", poll.target.clone());
                             s.attrs.push(("cooling.coolant.point", "supply".into()));
                             out.push(s);
-                            *streak = if fc.eta_secs < self.cfg.forecast_horizon_secs as f64 {
-                                *streak + 1
-                            } else {
-                                0
-                            };
-                            if *streak >= self.cfg.forecast_persist {
-                                cooling.push(Finding {
-                                    code: Code::CoolantOutOfRange,
-                                    state: HealthState::Degraded,
-                                    action: Action::None,
-                                    detail: format!(
-                                        "{} ({}) rising: reaches {limit} °C in about {:.0} min",
-                                        r.name,
-                                        poll.target,
-                                        fc.eta_secs / 60.0
-                                    ),
-                                });
-                            }
-                        } else {
-                            *streak = 0;
+                        }
+                        let horizon = self.cfg.forecast_horizon_secs as f64;
+                        if alarm.step(fc.as_ref(), horizon, self.cfg.forecast_persist)
+                            && let Some(fc) = fc
+                        {
+                            cooling.push(Finding {
+                                code: Code::CoolantOutOfRange,
+                                state: HealthState::Degraded,
+                                action: Action::None,
+                                detail: format!(
+                                    "{} ({}) rising: reaches {limit} °C in about {:.0} min",
+                                    r.name,
+                                    poll.target,
+                                    fc.eta_secs / 60.0
+                                ),
+                            });
                         }
                     }
                 }
@@ -389,35 +386,31 @@ impl GpuState {
             };
             let trend = st.trends.entry(loc).or_default();
             trend.push(t, v, params.window_secs);
-            let streak = st.streaks.entry(loc).or_default();
-            match trend.forecast(limit, t, params) {
-                Some(fc) => {
-                    out.push(
-                        Sample::new(Metric::TimeToThreshold, fc.eta_secs)
-                            .with("hw.id", uuid.clone())
-                            .with("hw.sensor_location", loc),
-                    );
-                    *streak = if fc.eta_secs < cfg.forecast_horizon_secs as f64 {
-                        *streak + 1
-                    } else {
-                        0
-                    };
-                    if *streak >= cfg.forecast_persist {
-                        findings.push(Finding {
-                            code: Code::ThermalForecast,
-                            state: HealthState::PredictedFailure,
-                            action: Action::None,
-                            detail: format!(
-                                "{} at {:.1} °C rising {:.2} °C/min: reaches its limit of {limit} °C in about {:.0} min",
-                                loc.replace('_', " "),
-                                fc.level,
-                                fc.slope * 60.0,
-                                fc.eta_secs / 60.0
-                            ),
-                        });
-                    }
-                }
-                None => *streak = 0,
+            let alarm = st.alarms.entry(loc).or_default();
+            let fc = trend.forecast(limit, t, params);
+            if let Some(fc) = &fc {
+                out.push(
+                    Sample::new(Metric::TimeToThreshold, fc.eta_secs)
+                        .with("hw.id", uuid.clone())
+                        .with("hw.sensor_location", loc),
+                );
+            }
+            let horizon = cfg.forecast_horizon_secs as f64;
+            if alarm.step(fc.as_ref(), horizon, cfg.forecast_persist)
+                && let Some(fc) = fc
+            {
+                findings.push(Finding {
+                    code: Code::ThermalForecast,
+                    state: HealthState::PredictedFailure,
+                    action: Action::None,
+                    detail: format!(
+                        "{} at {:.1} °C rising {:.2} °C/min: reaches its limit of {limit} °C in about {:.0} min",
+                        loc.replace('_', " "),
+                        fc.level,
+                        fc.slope * 60.0,
+                        fc.eta_secs / 60.0
+                    ),
+                });
             }
         }
         findings
