@@ -813,12 +813,13 @@ fn a_tree_with_every_quirk_and_a_gpu_the_bmc_shares_with_nvml() {
         ),
         Some(71.0)
     );
-    assert!(
+    // h100-training.toml: the GPU's `temp_memory = 71`.
+    assert_eq!(
         v(
             "hw_temperature_celsius",
             &[("hw_id", &uuid), ("hw_sensor_location", "memory_junction")]
-        )
-        .is_some(),
+        ),
+        Some(71.0),
         "NVML's HBM temperature"
     );
     // The metric report: a fresh value exported (about the GPU), a stale one and a nan not,

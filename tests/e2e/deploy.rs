@@ -162,7 +162,11 @@ fn kubernetes_manifests_hang_together() {
         c["readinessProbe"]["httpGet"]["port"],
         c["ports"][0]["name"]
     );
-    assert!(c["livenessProbe"].as_hash().is_some());
+    // Liveness on the metrics port (a BMC that is down is no reason to restart the pod).
+    assert_eq!(
+        c["livenessProbe"]["tcpSocket"]["port"], c["ports"][0]["name"],
+        "liveness on the TCP port"
+    );
     assert!(c["resources"]["requests"]["memory"].as_str().is_some());
     assert!(c["resources"]["limits"]["memory"].as_str().is_some());
     // OTLP through the standard variables; the node name from the downward API.

@@ -175,10 +175,29 @@ fn a_process_in_a_pod_carries_the_pods_name() {
     let (container, cgroup) = ebpf::pod_cgroup(POD_UID, 7);
     let w = ebpf::spawn_workload_in("basic", &uuids[5], &cgroup, container.clone());
     let pid = w.pid;
-    let page = ebpf::wait_pid(&mut agent, pid, "k8s_pod_name=\"train-0\"");
-    let s = parse(&page);
+    let first = ebpf::wait_pid(&mut agent, pid, "k8s_pod_name=\"train-0\"");
     let p = pid.to_string();
-    assert!(
+    let rm_alloc = |s: &[support::Series]| {
+        value(
+            s,
+            "gpu_process_driver_calls_total",
+            &[("process_pid", &p), ("gpu_driver_call", "rm_alloc")],
+        )
+    };
+    // The workload's whole sequence published (a later interval than the first sighting).
+    let mut page = first;
+    support::wait_until(
+        Duration::from_secs(15),
+        "the workload's 4 RM_ALLOC calls",
+        || {
+            if let Ok(now) = support::scrape(agent.port, Duration::from_secs(5)) {
+                page = now;
+            }
+            rm_alloc(&parse(&page)) == Some(4.0)
+        },
+    );
+    let s = parse(&page);
+    assert_eq!(
         value(
             &s,
             "gpu_process_driver_calls_total",
@@ -190,9 +209,9 @@ fn a_process_in_a_pod_carries_the_pods_name() {
                 ("k8s_pod_name", "train-0"),
                 ("container_id", &container),
             ]
-        )
-        .is_some(),
-        "{page}"
+        ),
+        Some(4.0),
+        "the basic workload makes 4 RM_ALLOC calls: {page}"
     );
     // The GPU it registered is the one the kubelet allocated to the pod.
     assert_eq!(

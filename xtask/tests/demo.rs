@@ -60,6 +60,7 @@ fn nothing_left(text: &str) {
         let alive = unsafe { libc::kill(pid, 0) } == 0;
         assert!(!alive, "pid {pid} is still running ({started})");
     }
+    // The demo's own verdict, made after the same check (the loop above is the test's).
     assert!(text.contains("demo stopped: everything it started has exited"));
 }
 

@@ -874,6 +874,20 @@ pub fn demo(opts: Options) -> Result<()> {
         }
     }
     println!("demo started: {}", pids.join(" "));
+    // Said only once every process it started is gone.
+    let alive: Vec<&String> = pids
+        .iter()
+        .filter(|p| {
+            p.rsplit('=')
+                .next()
+                .and_then(|n| n.parse::<i32>().ok())
+                // SAFETY: kill with signal 0 only checks that the process exists.
+                .is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0)
+        })
+        .collect();
+    if !alive.is_empty() {
+        bail!("demo stopped, but these still run: {alive:?}");
+    }
     println!("demo stopped: everything it started has exited");
     Ok(())
 }
