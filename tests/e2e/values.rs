@@ -23,11 +23,14 @@ fn within(a: Option<f64>, lo: f64, hi: f64, what: &str) {
 /// Guards the unit conversions and the attribute scheme of every family.
 #[test]
 fn every_family_has_the_scenario_values() {
+    // The simulator's clock starts after this: counters that grow with time are bounded by it.
+    let spawned = std::time::Instant::now();
     let mut agent = Agent::start("h100-training.toml", "current");
     // GPM and process utilization need a second cycle.
     let body = agent.wait_for(Duration::from_secs(20), |m| {
         m.contains("gpu_sm_activity_ratio") && m.contains("gpu_process_utilization_ratio")
     });
+    let t = spawned.elapsed().as_secs_f64();
     let s = parse(&body);
     let ids = support::uuids(&s);
     assert_eq!(ids.len(), 8, "eight GPUs");
@@ -229,6 +232,7 @@ fn every_family_has_the_scenario_values() {
         0.0,
         "no power cap on gpu0",
     );
+    // h100-training.toml: 5e9 ns rising to 5e12 ns over 1e5 s, i.e. 5 s + 0.05 s a second.
     within(
         on(
             "gpu_violation_time_seconds_total",
@@ -236,8 +240,8 @@ fn every_family_has_the_scenario_values() {
             &[("gpu_violation_type", "power")],
         ),
         5.0,
-        10_000.0,
-        "power violation",
+        5.0 + 0.05 * t * 1.01,
+        "power violation (ns to s)",
     );
 
     // errors
@@ -331,18 +335,25 @@ fn every_family_has_the_scenario_values() {
         1.0,
         "link 17 up",
     );
+    // h100-training.toml: 1e6 KiB rising 1e7 KiB a second; NVML gives whole KiB.
+    let tx = on(
+        "gpu_nvlink_io_bytes_total",
+        g0,
+        &[
+            ("gpu_nvlink_link", "0"),
+            ("network_io_direction", "transmit"),
+        ],
+    );
     within(
-        on(
-            "gpu_nvlink_io_bytes_total",
-            g0,
-            &[
-                ("gpu_nvlink_link", "0"),
-                ("network_io_direction", "transmit"),
-            ],
-        ),
+        tx,
         1.0e6 * 1024.0,
-        1.0e12 * 1024.0,
-        "nvlink tx",
+        (1.0e6 + 1.0e7 * t * 1.01) * 1024.0,
+        "nvlink tx (KiB to bytes)",
+    );
+    assert_eq!(
+        tx.map(|b| b % 1024.0),
+        Some(0.0),
+        "whole KiB times 1024: {tx:?}"
     );
     close(
         on(
