@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::internal_events::{InternalEvent, TargetPollFailed, TargetUnusable};
+use crate::internal_events::{self, InternalEvent, TargetPollFailed, TargetUnusable};
 use crate::model::bmc::{Poll, TargetsUp};
 use crate::model::{Metric, Model, Sample};
 use crate::shutdown::Shutdown;
@@ -64,6 +64,15 @@ struct Polled<T> {
 }
 
 impl<T: Target> Polled<T> {
+    fn new(target: T, name: String) -> Self {
+        Polled {
+            target,
+            name,
+            failures: Default::default(),
+            failing: false,
+        }
+    }
+
     /// One poll under the timeout; the result goes into the model. `Err`: why it failed.
     async fn poll_once(&mut self, model: &Arc<Model>) -> Result<(), String> {
         let start = Instant::now();
@@ -83,6 +92,16 @@ impl<T: Target> Polled<T> {
             Ok(poll) => {
                 if std::mem::take(&mut self.failing) {
                     tracing::info!(source = T::SOURCE, target = %self.name, "target answers again");
+                    // Its next failure is news again, whatever the limiter's window.
+                    for kind in self.failures.keys() {
+                        let failed = TargetPollFailed {
+                            source: T::SOURCE,
+                            target: &self.name,
+                            error_type: kind,
+                            error: "",
+                        };
+                        internal_events::recovered(&failed.key());
+                    }
                 }
                 model.set_bmc(T::SOURCE, poll);
                 Ok(())
@@ -122,12 +141,7 @@ impl<T: Target> Polled<T> {
 fn open<T: Target>(cfg: &T::Config, model: &Model, up: &TargetsUp) -> Option<Polled<T>> {
     let name = T::name_of(cfg);
     match T::open(cfg) {
-        Ok(target) => Some(Polled {
-            target,
-            name,
-            failures: Default::default(),
-            failing: false,
-        }),
+        Ok(target) => Some(Polled::new(target, name)),
         Err(e) => {
             up.unusable(model, &name);
             TargetUnusable {
@@ -183,12 +197,7 @@ pub async fn once<T: Target>(targets: Vec<T::Config>, model: Arc<Model>) -> anyh
         set.spawn(async move {
             let name = T::name_of(&cfg);
             let target = T::open(&cfg).map_err(|e| format!("{name}: {e}"))?;
-            let mut p = Polled {
-                target,
-                name: name.clone(),
-                failures: Default::default(),
-                failing: false,
-            };
+            let mut p = Polled::new(target, name.clone());
             let r = p.poll_once(&model).await;
             p.target.close().await;
             r.map_err(|e| format!("{name}: {e}"))

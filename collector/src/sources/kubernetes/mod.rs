@@ -219,6 +219,9 @@ pub enum ListError {
 }
 
 impl ListError {
+    /// Every `error.type` [`ListError::kind`] gives.
+    pub const KINDS: [&'static str; 3] = ["connect", "status", "timeout"];
+
     /// `error.type`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -335,6 +338,15 @@ async fn poll(cfg: &KubernetesConfig, model: &Model, state: &mut State) {
             state.capped = allocs.len() > cap;
             if state.last_error.take().is_some() {
                 tracing::info!("the kubelet answers again");
+                // Its next failure is news again, whatever the limiter's window.
+                for error_type in ListError::KINDS {
+                    let failed = KubeletListFailed {
+                        socket,
+                        error_type,
+                        error: "",
+                    };
+                    crate::internal_events::recovered(&failed.key());
+                }
             }
             model.publish("kubernetes", "allocations", samples(&allocs, cap));
             model.set_source_detail(

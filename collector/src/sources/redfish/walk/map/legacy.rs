@@ -14,22 +14,17 @@ pub fn legacy_thermal(ids: Ids<'_>, th: &Value, parent: &str) -> Vec<Reading> {
             continue;
         };
         let rid = t.get("@odata.id").and_then(Value::as_str).unwrap_or("");
-        let thresholds = legacy_thresholds(t, 1.0);
         let name = text(t, "Name").unwrap_or(rid).to_string();
         let quantity = temperature(&name);
-        out.push(Reading {
-            id: ids.of(rid),
-            hw_type: quantity.sensor_type().into(),
+        let thresholds = legacy_thresholds(t, 1.0);
+        out.push(legacy_reading(
+            ids,
+            t,
             name,
-            parent: Some(parent.to_string()),
-            quantity,
-            value,
-            unit: "Cel".into(),
-            location: text(t, "PhysicalContext").map(bmc::snake),
-            point: None,
-            state: Reading::level(value, &thresholds, health(t)),
+            parent,
+            (quantity, value, "Cel"),
             thresholds,
-        });
+        ));
     }
     for f in array(th, "Fans") {
         let Some(value) = f.get("Reading").and_then(num) else {
@@ -42,24 +37,23 @@ pub fn legacy_thermal(ids: Ids<'_>, th: &Value, parent: &str) -> Vec<Reading> {
         } else {
             (Quantity::FanRpm, 1.0)
         };
+        let name = text(f, "Name")
+            .or_else(|| text(f, "FanName"))
+            .unwrap_or(rid)
+            .to_string();
+        let unit = text(f, "ReadingUnits").unwrap_or("RPM");
         let thresholds = legacy_thresholds(f, factor);
-        let value = bmc::scale(value, factor);
-        out.push(Reading {
-            id: ids.of(rid),
-            hw_type: "fan".into(),
-            name: text(f, "Name")
-                .or_else(|| text(f, "FanName"))
-                .unwrap_or(rid)
-                .to_string(),
-            parent: Some(parent.to_string()),
-            quantity: q,
-            value,
-            unit: text(f, "ReadingUnits").unwrap_or("RPM").to_string(),
-            location: None,
-            point: None,
-            state: Reading::level(value, &thresholds, health(f)),
+        let mut r = legacy_reading(
+            ids,
+            f,
+            name,
+            parent,
+            (q, bmc::scale(value, factor), unit),
             thresholds,
-        });
+        );
+        // Without a location, as the newer model's fans are.
+        r.location = None;
+        out.push(r);
     }
     out
 }
@@ -79,13 +73,15 @@ pub fn legacy_thresholds(v: &Value, factor: f64) -> Vec<(&'static str, f64)> {
     .collect()
 }
 
-/// One legacy `Power` value as a reading of the chassis `parent`.
-fn power_reading(
+/// One entry of a legacy array (`Temperatures`, `Fans`, `PowerControl`, `PowerSupplies`,
+/// `Voltages`) as a reading of the chassis `parent`: identified by its `@odata.id`, its
+/// state from its thresholds or its health.
+fn legacy_reading(
     ids: Ids<'_>,
     entry: &Value,
     name: String,
     parent: &str,
-    (quantity, value): (Quantity, f64),
+    (quantity, value, unit): (Quantity, f64, &str),
     thresholds: Vec<(&'static str, f64)>,
 ) -> Reading {
     let rid = entry.get("@odata.id").and_then(Value::as_str).unwrap_or("");
@@ -96,12 +92,7 @@ fn power_reading(
         parent: Some(parent.to_string()),
         quantity,
         value,
-        unit: if quantity == Quantity::Voltage {
-            "V"
-        } else {
-            "W"
-        }
-        .into(),
+        unit: unit.into(),
         location: text(entry, "PhysicalContext").map(bmc::snake),
         point: None,
         state: Reading::level(value, &thresholds, health(entry)),
@@ -138,12 +129,12 @@ pub fn legacy_power(ids: Ids<'_>, doc: &Value, parent: &str) -> LegacyPower {
             .and_then(num);
         if let Some(w) = c.get("PowerConsumedWatts").and_then(num) {
             let thresholds = limit.map(|l| vec![("power_limit", l)]).unwrap_or_default();
-            out.power.push(power_reading(
+            out.power.push(legacy_reading(
                 ids,
                 c,
                 name.clone(),
                 parent,
-                (Quantity::Power, w),
+                (Quantity::Power, w, "W"),
                 thresholds,
             ));
         }
@@ -154,12 +145,12 @@ pub fn legacy_power(ids: Ids<'_>, doc: &Value, parent: &str) -> LegacyPower {
             ("MaxConsumedWatts", "maximum"),
         ] {
             if let Some(w) = metrics.and_then(|m| m.get(key)).and_then(num) {
-                out.power.push(power_reading(
+                out.power.push(legacy_reading(
                     ids,
                     c,
                     format!("{name} ({what})"),
                     parent,
-                    (Quantity::Power, w),
+                    (Quantity::Power, w, "W"),
                     Vec::new(),
                 ));
             }
@@ -186,12 +177,12 @@ pub fn legacy_power(ids: Ids<'_>, doc: &Value, parent: &str) -> LegacyPower {
             ("LineInputVoltage", "input", Quantity::Voltage),
         ] {
             if let Some(v) = p.get(key).and_then(num) {
-                let r = power_reading(
+                let r = legacy_reading(
                     ids,
                     p,
                     format!("{name} ({what})"),
                     parent,
-                    (q, v),
+                    (q, v, if q == Quantity::Voltage { "V" } else { "W" }),
                     Vec::new(),
                 );
                 if q == Quantity::Voltage {
@@ -208,12 +199,12 @@ pub fn legacy_power(ids: Ids<'_>, doc: &Value, parent: &str) -> LegacyPower {
         };
         let rid = v.get("@odata.id").and_then(Value::as_str).unwrap_or("");
         let name = text(v, "Name").unwrap_or(rid).to_string();
-        out.voltage.push(power_reading(
+        out.voltage.push(legacy_reading(
             ids,
             v,
             name,
             parent,
-            (Quantity::Voltage, volts),
+            (Quantity::Voltage, volts, "V"),
             legacy_thresholds(v, 1.0),
         ));
     }
