@@ -35,6 +35,10 @@ temp_gpu = { before = 40, after = 90, at_secs = 0.3 }
 gpu = 1
 at_secs = 0.0
 xid = 79
+[[events]]
+gpu = 1
+at_secs = 0.9
+xid = 48
 [[faults]]
 call = "nvmlDeviceGetPowerUsage"
 gpu = 1
@@ -52,6 +56,8 @@ fn events_faults_and_time_functions() {
     // SAFETY: set before any other thread of this test binary reads the environment.
     unsafe { std::env::set_var("JUNCTION_NVML_SIM_SCENARIO", &path) };
 
+    // The simulator's clock starts inside nvmlInit, after this instant.
+    let before_init = std::time::Instant::now();
     // SAFETY: the simulator's C ABI with valid out-pointers throughout.
     unsafe {
         assert_eq!(nvmlInit_v2(), 0);
@@ -97,14 +103,40 @@ fn events_faults_and_time_functions() {
         assert_eq!(nvmlDeviceGetPowerUsage(g0, &mut p), 0);
         assert_eq!(p, 100_000);
 
-        // The XID 79 on GPU 1 is delivered once, then the wait times out (10).
+        // The XID 79 on GPU 1 is delivered once; then, before the XID 48 at 0.9 s, a wait
+        // of 50 ms sleeps its whole timeout and says TIMEOUT (10), as nvml.h documents
+        // ("sleeps till event arrives but not longer than specified timeout") — one that
+        // returned at once would make the agent's event thread spin. A long wait wakes for
+        // the scheduled event, well before its own deadline.
         let mut set: nvmlEventSet_t = std::ptr::null_mut();
         assert_eq!(nvmlEventSetCreate(&mut set), 0);
         assert_eq!(nvmlDeviceRegisterEvents(g1, 8, set), 0);
         let mut data: nvmlEventData_t = std::mem::zeroed();
         assert_eq!(nvmlEventSetWait_v2(set, &mut data, 100), 0);
         assert_eq!((data.eventType, data.eventData, data.device), (8, 79, g1));
+        let t0 = std::time::Instant::now();
         assert_eq!(nvmlEventSetWait_v2(set, &mut data, 50), 10);
+        let slept = t0.elapsed();
+        assert!(
+            slept >= std::time::Duration::from_millis(45),
+            "a wait with nothing due returned after {slept:?}, before its 50 ms timeout"
+        );
+        let t0 = std::time::Instant::now();
+        assert_eq!(nvmlEventSetWait_v2(set, &mut data, 60_000), 0);
+        let woke = t0.elapsed();
+        assert_eq!((data.eventType, data.eventData, data.device), (8, 48, g1));
+        // Delivered no earlier than due (0.9 s on the simulator's clock, which started
+        // after `before_init`), and not at the 60 s deadline.
+        assert!(
+            before_init.elapsed() >= std::time::Duration::from_millis(900),
+            "the XID due at 0.9 s came {:?} after init",
+            before_init.elapsed()
+        );
+        assert!(
+            woke < std::time::Duration::from_secs(30),
+            "the wait for the event due at 0.9 s returned after {woke:?}: it slept to its deadline"
+        );
+        assert_eq!(nvmlEventSetWait_v2(set, &mut data, 0), 10, "nothing more is due");
         assert_eq!(nvmlEventSetFree(set), 0);
     }
 }
