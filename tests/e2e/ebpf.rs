@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::otlp::{Receiver, attr, attr_int};
 use crate::support::{self, Agent, EBPF_OFF, parse, value};
 
 const MIB: u64 = 1 << 20;
@@ -241,7 +242,13 @@ fn exact_counts_bytes_gpu_pid_name_and_container_and_series_end_with_the_process
     if cannot_run() {
         return;
     }
-    let mut agent = start(SECTION);
+    // The events go to a receiver of this test's own, and are looked up by this workload's
+    // pid: every agent sees every test's /dev/null ioctls.
+    let rx = Receiver::start();
+    let mut agent = start(&format!(
+        "{SECTION}[sinks.otlp]\nenabled = true\ninterval_secs = 1\nendpoint = {:?}\nprotocol = \"http/protobuf\"\n",
+        rx.http_url()
+    ));
     let uuids = support::uuids(&parse(
         &support::scrape(agent.port, Duration::from_secs(5)).expect("scrape"),
     ));
@@ -289,14 +296,66 @@ fn exact_counts_bytes_gpu_pid_name_and_container_and_series_end_with_the_process
         ),
         Some(0.0)
     );
-    // The process's start was an event.
-    assert!(page.contains("junction_events_total{event_name=\"gpu.process.start\"}"));
+    // The process's start was an event about this pid, naming the device and the container.
+    rx.wait_for(Duration::from_secs(30), "gpu.process.start", |r| {
+        !process_events(r, "gpu.process.start", pid).is_empty()
+    });
+    let started = rx.with(|r| process_events(r, "gpu.process.start", pid));
+    assert_eq!(started.len(), 1, "one start: {started:?}");
+    assert_eq!(
+        started[0].get("gpu.device").map(String::as_str),
+        Some("/dev/null")
+    );
+    assert_eq!(
+        started[0].get("container.id"),
+        Some(&w.container),
+        "{started:?}"
+    );
+    assert!(rx.with(|r| process_events(r, "gpu.process.end", pid).is_empty()));
 
     w.finish();
-    // Gone once it has ended and the retention has passed.
+    // Its end is an event, once; the series are gone once the retention has passed.
+    rx.wait_for(Duration::from_secs(30), "gpu.process.end", |r| {
+        !process_events(r, "gpu.process.end", pid).is_empty()
+    });
     let needle = format!("process_pid=\"{pid}\"");
-    let page = agent.wait_for(Duration::from_secs(30), move |m| !m.contains(&needle));
-    assert!(page.contains("junction_events_total{event_name=\"gpu.process.end\"}"));
+    agent.wait_for(Duration::from_secs(30), move |m| !m.contains(&needle));
+    let ended = rx.with(|r| process_events(r, "gpu.process.end", pid));
+    assert_eq!(ended.len(), 1, "one end: {ended:?}");
+    assert_eq!(
+        ended[0].get("process.executable.name").map(String::as_str),
+        Some("nvworkload")
+    );
+    assert!(agent.terminate().success());
+}
+
+/// The attributes of each log record named `event` whose `process.pid` is `pid`.
+fn process_events(
+    r: &support::otlp::Received,
+    event: &str,
+    pid: u32,
+) -> Vec<std::collections::BTreeMap<String, String>> {
+    r.logs
+        .iter()
+        .flat_map(|l| &l.resource_logs)
+        .flat_map(|rl| &rl.scope_logs)
+        .flat_map(|sl| &sl.log_records)
+        .filter(|lr| lr.event_name == event)
+        .map(|lr| {
+            lr.attributes
+                .iter()
+                .filter_map(|kv| {
+                    let v = attr(std::slice::from_ref(kv), &kv.key)
+                        .map(str::to_string)
+                        .or_else(|| {
+                            attr_int(std::slice::from_ref(kv), &kv.key).map(|i| i.to_string())
+                        })?;
+                    Some((kv.key.clone(), v))
+                })
+                .collect::<std::collections::BTreeMap<_, _>>()
+        })
+        .filter(|a| a.get("process.pid") == Some(&pid.to_string()))
+        .collect()
 }
 
 #[test]

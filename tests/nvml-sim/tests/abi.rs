@@ -136,7 +136,11 @@ fn events_faults_and_time_functions() {
             woke < std::time::Duration::from_secs(30),
             "the wait for the event due at 0.9 s returned after {woke:?}: it slept to its deadline"
         );
-        assert_eq!(nvmlEventSetWait_v2(set, &mut data, 0), 10, "nothing more is due");
+        assert_eq!(
+            nvmlEventSetWait_v2(set, &mut data, 0),
+            10,
+            "nothing more is due"
+        );
         assert_eq!(nvmlEventSetFree(set), 0);
     }
 }
