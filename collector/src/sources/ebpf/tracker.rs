@@ -314,8 +314,8 @@ impl Tracker {
         let opened: BTreeSet<&String> = p
             .devices
             .iter()
-            .filter(|r| *r >> 20 == junction_common::nv::NV_MAJOR && (*r & 0xFFFFF) < 248)
-            .filter_map(|r| self.minors.get(&(r & 0xFFFFF)))
+            .filter_map(|r| gpu_minor(*r))
+            .filter_map(|m| self.minors.get(&m))
             .collect();
         if opened.len() != 1 || gpus.len() != 1 || !gpus.iter().all(|g| opened.contains(g)) {
             return;
@@ -427,8 +427,8 @@ impl Tracker {
         let minor_gpus: BTreeSet<String> = p
             .devices
             .iter()
-            .filter(|r| *r >> 20 == junction_common::nv::NV_MAJOR && (*r & 0xFFFFF) < 248)
-            .filter_map(|r| minor_to_uuid(r & 0xFFFFF))
+            .filter_map(|r| gpu_minor(*r))
+            .filter_map(minor_to_uuid)
             .collect();
         let mut out: BTreeMap<String, Holding> = BTreeMap::new();
         for g in p.uvm.values().flatten().chain(&minor_gpus) {
@@ -448,6 +448,14 @@ impl Tracker {
         }
         out
     }
+}
+
+/// The GPU minor of a device (`rdev` as the probes encode it, major << 20 | minor): a
+/// `/dev/nvidiaN`, not one of the driver's control devices, which take the minors from 248
+/// up (`/dev/nvidiactl` 255, `/dev/nvidia-modeset` 254).
+fn gpu_minor(rdev: u32) -> Option<u32> {
+    let minor = rdev & 0xFFFFF;
+    (rdev >> 20 == junction_common::nv::NV_MAJOR && minor < 248).then_some(minor)
 }
 
 #[cfg(test)]
