@@ -140,6 +140,7 @@ pub fn inventory_json(model: &Model) -> serde_json::Value {
             serde_json::json!({
                 "gpu": g.info,
                 "health": health_json(&reasons),
+                "rail": model.fabric.rail(&g.info.pci_bus_id),
                 "supported_metrics": supported(g),
                 "disabled": g.disabled,
             })
@@ -174,6 +175,14 @@ pub fn inventory_table(model: &Model) -> String {
                 .unwrap_or_else(|| "-".into()),
             i.vbios.as_deref().unwrap_or("-"),
         );
+        let rail = model.fabric.rail(&i.pci_bus_id);
+        if !rail.is_empty() {
+            let r: Vec<String> = rail
+                .iter()
+                .map(|r| format!("{} ({})", r.device, r.affinity.as_str()))
+                .collect();
+            let _ = writeln!(out, "  rail {}", r.join(", "));
+        }
         let _ = writeln!(
             out,
             "  health {}  action {}",

@@ -130,6 +130,9 @@ config_section! {
         /// written atomically. Unwritable: a warning, and every restart starts clean.
         /// Default: "/var/lib/junction".
         pub state_dir: PathBuf = PathBuf::from("/var/lib/junction"),
+        /// Where the host's sysfs is: `/host/sys` in a container that mounts it elsewhere.
+        /// The nic and pcie sources read it. Default: "/sys".
+        pub sysfs_root: PathBuf = PathBuf::from("/sys"),
         /// Once the sources have started (BPF loaded, devices and the kernel log open), drop
         /// every capability but CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (to name other users'
         /// processes) and set no_new_privs. Default: true.
@@ -160,6 +163,12 @@ config_section! {
         /// Kubernetes: which pod holds which GPU (the kubelet's pod-resources API) and the
         /// names of the pods processes run in.
         pub kubernetes: crate::sources::kubernetes::KubernetesConfig = Default::default(),
+        /// RDMA NICs (InfiniBand, RoCE, EFA): port state, rate and counters, a verdict per
+        /// port, and which NICs are each GPU's rail.
+        pub nic: crate::sources::nic::NicConfig = Default::default(),
+        /// The PCIe bus: AER counters and link state on every GPU's, NVSwitch's and NIC's
+        /// path, and NVIDIA GPUs on the bus that NVML does not list.
+        pub pcie: crate::sources::pcie::PcieConfig = Default::default(),
     }
 }
 
@@ -257,6 +266,8 @@ impl Config {
         self.sources
             .kubernetes
             .validate("sources.kubernetes", &mut out);
+        self.sources.nic.validate("sources.nic", &mut out);
+        self.sources.pcie.validate("sources.pcie", &mut out);
         self.health.validate("health", &mut out);
         self.sinks.otlp.validate("sinks.otlp", &mut out);
         out

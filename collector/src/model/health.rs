@@ -48,6 +48,8 @@ macro_rules! closed_set {
     };
 }
 
+pub(crate) use closed_set;
+
 closed_set! {
     /// What a reason asks the operator to do (`gpu.health.action`), least urgent first.
     pub enum Action {
@@ -115,7 +117,31 @@ closed_set! {
         LeakDetected = "leak_detected",
         /// Forecast: a temperature reaches its limit soon.
         ThermalForecast = "thermal_forecast",
+        /// Fabric: a NIC of the GPU's rail is not ok.
+        RailDegraded = "rail_degraded",
+        /// PCIe: a fatal AER error on the GPU's link.
+        PcieAerFatal = "pcie_aer_fatal",
+        /// PCIe: non-fatal AER errors on the GPU's link.
+        PcieAerNonfatal = "pcie_aer_nonfatal",
+        /// PCIe: the GPU's link trained below its maximum width or speed.
+        PcieLinkDegraded = "pcie_link_degraded",
+        /// PCIe: an NVIDIA GPU on the bus that NVML does not list.
+        NotInNvml = "not_in_nvml",
     }
+}
+
+/// One condition a rule or a source finds (the health evaluator raises it as a reason and
+/// clears it once it has been absent for its hysteresis).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// Reason code.
+    pub code: Code,
+    /// State.
+    pub state: HealthState,
+    /// Action.
+    pub action: Action,
+    /// A sentence.
+    pub detail: String,
 }
 
 /// One reason a GPU is not ok.
@@ -136,7 +162,7 @@ pub struct Reason {
 
 impl HealthState {
     /// Severity order: ok < degraded < predicted_failure < failed.
-    fn rank(self) -> u8 {
+    pub fn rank(self) -> u8 {
         match self {
             HealthState::Ok => 0,
             HealthState::Degraded => 1,

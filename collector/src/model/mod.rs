@@ -3,6 +3,7 @@
 
 pub mod bmc;
 pub mod events;
+pub mod fabric;
 pub mod health;
 pub mod processes;
 pub mod registry;
@@ -198,6 +199,8 @@ pub struct Model {
     pub events: events::EventLog,
     /// Why each GPU is not ok.
     pub health: health::Health,
+    /// What the NICs and the PCIe bus say about each GPU, and each GPU's rail.
+    pub fabric: fabric::Fabric,
     /// XID counters and checkpoints.
     pub xids: xid::Xids,
     /// Who each pid is (name, container, pod), shared by per-process sources.

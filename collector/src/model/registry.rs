@@ -120,8 +120,8 @@ macro_rules! registry {
 registry! {
     Info = "gpu.info", "{info}", Gauge, ["hw.name", "hw.vendor", "hw.model", "hw.serial_number", "hw.driver_version", "hw.firmware_version", "gpu.index", "gpu.minor_number", "gpu.pci.bdf", "gpu.cuda_driver_version"], Status,
         "nvmlDeviceGetName/Serial/PciInfo_v3/MinorNumber/VbiosVersion, nvmlSystemGetDriverVersion", "GPU identity; always 1.";
-    Status = "hw.status", "1", UpDownCounter, ["hw.type", "hw.state"], Status,
-        "derived (lost GPU, reset required, stuck NVML call)", "1 for the GPU's current state (ok, degraded, failed, predicted_failure), 0 for the others.";
+    Status = "hw.status", "1", UpDownCounter, ["hw.type", "hw.state", "hw.name", "nic.port"], Status,
+        "derived (lost GPU, reset required, stuck NVML call, the health rules; a NIC port's rules; a BMC component's Status.Health)", "1 for the GPU's (or NIC port's, or BMC component's) current state (ok, degraded, failed, predicted_failure), 0 for the others.";
     HealthReason = "gpu.health.reason", "{state}", Gauge, ["hw.type", "gpu.health.reason"], Status,
         "derived", "1 for each reason the GPU is not ok (docs/HEALTH.md lists them with their rules): gpu_lost, reset_required, xid_79, xid_fatal, ecc_uncorrectable, remap_pending, thermal_forecast, leak_detected, …";
     Utilization = "hw.gpu.utilization", "1", Gauge, ["hw.gpu.task"], Utilization,
@@ -162,8 +162,8 @@ registry! {
         "nvmlDeviceGetCurrentClocksEventReasons (…ThrottleReasons on older drivers)", "1 while the clock event (throttle) reason is active.";
     ViolationTime = "gpu.violation.time", "s", Counter, ["gpu.violation.type"], Clocks,
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_PERF_POLICY_POWER/THERMAL, NVML_FI_DEV_CLOCKS_EVENT_REASON_*) (ns; nvmlDeviceGetViolationStatus on older drivers)", "Time the GPU was held below its clocks: power, thermal, sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown.";
-    EccErrors = "hw.errors", "{error}", Counter, ["hw.type", "error.type", "gpu.ecc.counter"], Errors,
-        "nvmlDeviceGetTotalEccErrors", "ECC errors: corrected or uncorrected; volatile (since driver load) or aggregate (lifetime).";
+    EccErrors = "hw.errors", "{error}", Counter, ["hw.type", "error.type", "gpu.ecc.counter", "hw.name", "nic.port"], Errors,
+        "nvmlDeviceGetTotalEccErrors; /sys/class/infiniband/*/ports/*/counters/* (the IBTA error counters)", "GPU ECC errors: corrected or uncorrected; volatile (since driver load) or aggregate (lifetime). NIC port errors (hw.type network): error.type is the counter's name (symbol_error, link_downed, port_rcv_errors, …), monotonic across saturation resets.";
     RetiredPages = "gpu.memory.retired_pages", "{page}", UpDownCounter, ["gpu.retirement.cause"], Errors,
         "nvmlDeviceGetRetiredPages", "Pages retired for multiple single-bit or double-bit ECC errors (pre-Ampere).";
     RetiredPending = "gpu.memory.retired_pages.pending", "{state}", Gauge, [], Errors,
@@ -296,6 +296,36 @@ registry! {
         "agent", "Polls of a BMC target that failed, by reason (timeout, auth, tls, connect, protocol).";
     PodGpuAllocation = "k8s.pod.gpu.allocation", "{device}", Gauge, ["k8s.namespace.name", "k8s.pod.name", "k8s.container.name", "gpu.resource.name"], Status,
         "kubelet pod-resources API (v1 List)", "1 for each GPU or MIG device (hw.id: the device plugin's id, a GPU or MIG UUID) the kubelet allocated to a container; join on hw.id to name the pod on any per-GPU series.";
+    NetworkUp = "hw.network.up", "1", UpDownCounter, ["hw.type", "hw.name", "nic.port"], Status,
+        "/sys/class/infiniband/*/ports/*/state and phys_state", "1 if the NIC port is ACTIVE and LinkUp (EFA's driver always says so).";
+    NetworkBandwidthLimit = "hw.network.bandwidth.limit", "By/s", UpDownCounter, ["hw.type", "hw.name", "nic.port"], Status,
+        "/sys/class/infiniband/*/ports/*/rate", "The NIC port's link rate.";
+    NetworkIo = "hw.network.io", "By", Counter, ["hw.type", "hw.name", "nic.port", "network.io.direction"], Status,
+        "/sys/class/infiniband/*/ports/*/counters/port_{xmit,rcv}_data (octets / 4), EFA hw_counters/{tx,rx}_bytes", "Bytes the NIC port sent and received.";
+    NetworkPackets = "hw.network.packets", "{packet}", Counter, ["hw.type", "hw.name", "nic.port", "network.io.direction"], Status,
+        "/sys/class/infiniband/*/ports/*/counters/port_{xmit,rcv}_packets, EFA hw_counters/{tx,rx}_pkts", "Packets the NIC port sent and received.";
+    NicCounter = "nic.counter", "{event}", Counter, ["hw.type", "hw.name", "nic.port", "nic.counter", "nic.counter.source"], Status,
+        "/sys/class/infiniband/*/ports/*/hw_counters/* (the driver's: mlx5 out_of_sequence, rnr_nak_retry_err, roce_adp_retrans, …; EFA's), counters/* that are no error", "A NIC port counter with no more specific metric, by name (at most 128 per directory), monotonic across 32-bit wraps and resets.";
+    NicPortState = "nic.port.state", "{state}", Gauge, ["hw.type", "hw.name", "nic.port", "nic.port.state_type"], Status,
+        "/sys/class/infiniband/*/ports/*/state, phys_state", "The port's logical state (1 DOWN … 4 ACTIVE) and physical state (2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery, …) codes.";
+    NicInfo = "nic.info", "{info}", Gauge, ["hw.type", "hw.name", "nic.port", "nic.link_layer", "network.interface.name", "nic.pci.bdf", "nic.numa_node", "hw.firmware_version", "hw.model", "nic.driver"], Status,
+        "/sys/class/infiniband/*: fw_ver, hca_type, device (PCI function, numa_node, driver), ports/*/link_layer, gid_attrs/ndevs", "A NIC port's identity; always 1.";
+    NicReason = "nic.health.reason", "{state}", Gauge, ["hw.type", "hw.name", "nic.port", "nic.health.reason"], Status,
+        "derived (the NIC rules, docs/HEALTH.md)", "1 for each reason the NIC port is not ok: port_down, port_absent, rate_below_expected, port_flapping, fatal_counter, error_rate.";
+    GpuRail = "gpu.rail", "{nic}", Gauge, ["nic.device", "gpu.rail.affinity"], Status,
+        "the PCIe tree in sysfs (realpath of /sys/bus/pci/devices/*), numa_node; sources.nic.rails", "1 for each NIC of the GPU's rail (hw.id: the GPU), with how it was found: switch, root_port, host_bridge, numa, config.";
+    AerErrors = "pcie.aer.errors", "{error}", Counter, ["hw.type", "pcie.bdf", "pcie.aer.severity"], Status,
+        "/sys/bus/pci/devices/*/aer_dev_{correctable,nonfatal,fatal} (TOTAL_ERR_*)", "AER errors a PCIe function logged, by severity (correctable, nonfatal, fatal): the GPUs (hw.id the GPU), NVSwitches, NICs and the ports above them (hw.id PCI-<address>).";
+    AerErrorTypes = "pcie.aer.error_types", "{error}", Counter, ["hw.type", "pcie.bdf", "pcie.aer.severity", "error.type"], Status,
+        "/sys/bus/pci/devices/*/aer_dev_{correctable,nonfatal,fatal}", "AER errors by the kernel's name for the error bit (RxErr, BadTLP, CmpltTO, Surprise Down Error, …), at most 32 per severity.";
+    AerRootPortErrors = "pcie.aer.rootport.errors", "{error}", Counter, ["hw.type", "pcie.bdf", "pcie.aer.severity"], Status,
+        "/sys/bus/pci/devices/*/aer_rootport_total_err_{cor,nonfatal,fatal}", "AER messages a root port received from its whole hierarchy, by severity.";
+    PcieLinkSpeed = "pcie.link.speed", "{transfer}/s", Gauge, ["hw.type", "pcie.bdf", "pcie.link.state"], Status,
+        "/sys/bus/pci/devices/*/{current,max}_link_speed (GT/s)", "PCIe link speed, current and max, in transfers per second.";
+    PcieLinkWidth = "pcie.link.width", "{lane}", Gauge, ["hw.type", "pcie.bdf", "pcie.link.state"], Status,
+        "/sys/bus/pci/devices/*/{current,max}_link_width", "PCIe link width in lanes, current and max.";
+    NodeReason = "node.health.reason", "{state}", Gauge, ["node.health.reason"], Status,
+        "derived (sources.pcie.expected_gpus, sources.nic.expected_ports)", "1 for each reason the node is not whole: gpus_missing (fewer NVIDIA GPUs on the bus than expected), ports_missing (fewer active NIC ports than expected).";
     HealthAction = "gpu.health.action", "{state}", Gauge, ["gpu.health.action"], Status,
         "derived (the health rules)", "1 for the one action the GPU's reasons call for: none, restart_app, reset_gpu, reboot_node, drain_and_service (see gpu.health.reason).";
     TimeToThreshold = "gpu.temperature.time_to_threshold", "s", Gauge, ["hw.sensor_location"], Status,

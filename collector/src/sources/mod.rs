@@ -7,9 +7,12 @@ pub mod health;
 pub mod ipmi;
 pub mod kmsg;
 pub mod kubernetes;
+pub mod nic;
 pub mod nvml;
+pub mod pcie;
 pub mod polled;
 pub mod redfish;
+pub mod sysfs;
 
 use crate::agent::Component;
 
@@ -21,5 +24,7 @@ pub const ALL: &[Component] = &[
     redfish::COMPONENT,
     ipmi::COMPONENT,
     kubernetes::COMPONENT,
+    nic::COMPONENT,
+    pcie::COMPONENT,
     health::COMPONENT,
 ];

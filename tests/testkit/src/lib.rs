@@ -12,6 +12,7 @@ pub mod kmsg;
 pub mod net;
 pub mod otlp;
 pub mod prom;
+pub mod sysfs;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

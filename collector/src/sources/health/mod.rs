@@ -150,6 +150,8 @@ impl Evaluator {
             }
             let mut findings = rules::evaluate(&slot, &rates, self.cfg.ecc_rising_per_hour);
             findings.extend(cooling.iter().cloned());
+            // The NICs of its rail and its PCIe path (the nic and pcie sources).
+            findings.extend(model.fabric.findings(&slot.info.pci_bus_id));
             findings.extend(st.forecasts(&slot, t, (&self.params, &self.cfg), &mut out));
             st.settle(model, &uuid, findings, now, hold);
             // The action series: one per GPU.

@@ -21,25 +21,17 @@
 //! | `coolant_out_of_range` | a BMC flow, pressure or coolant sensor past a threshold | degraded | none |
 //! | `leak_detected` | a BMC leak detector in warning / critical | degraded / failed | drain_and_service |
 //! | `thermal_forecast` | die or memory temperature forecast to reach its limit within the horizon | predicted_failure | none |
+//! | `rail_degraded` | a NIC port of the GPU's rail is not ok (the `nic` source) | degraded | none |
+//! | `pcie_aer_fatal` | a fatal AER error on the GPU or the ports above it (the `pcie` source) | failed | drain_and_service |
+//! | `pcie_aer_nonfatal` | non-fatal AER errors there, any in the last interval | degraded | none |
+//! | `pcie_link_degraded` | the GPU's link narrower than its maximum, or slower for `link_grace_secs` | degraded | none |
 //!
 //! The kernel-log and NVML sources raise their own: `gpu_lost`, `reset_required`,
 //! `gpu_unreachable`, `nvml_call_stuck`, `xid_79`, `xid_154`, `xid_fatal`.
 
+pub use crate::model::health::Finding;
 use crate::model::health::{Action, Code};
 use crate::model::{GpuSlot, HealthState, Metric, Sample};
-
-/// One active condition.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Finding {
-    /// Reason code.
-    pub code: Code,
-    /// State.
-    pub state: HealthState,
-    /// Action.
-    pub action: Action,
-    /// A sentence.
-    pub detail: String,
-}
 
 fn f(code: Code, state: HealthState, action: Action, detail: String) -> Finding {
     Finding {
@@ -69,6 +61,10 @@ pub const CODES: &[Code] = &[
     Code::CoolantOutOfRange,
     Code::LeakDetected,
     Code::ThermalForecast,
+    Code::RailDegraded,
+    Code::PcieAerFatal,
+    Code::PcieAerNonfatal,
+    Code::PcieLinkDegraded,
 ];
 
 /// The samples of a slot.
