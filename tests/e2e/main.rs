@@ -8,6 +8,7 @@ mod config_errors;
 mod container;
 mod deploy;
 mod ebpf;
+mod fabric;
 mod faults;
 mod health;
 mod hostile;

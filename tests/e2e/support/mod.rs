@@ -54,6 +54,14 @@ pub fn empty_proc() -> PathBuf {
     dir
 }
 
+/// An empty sysfs: what [`sim_config`] points `sysfs_root` at, so that the nic and pcie
+/// sources see no devices (the host's NICs or GPUs are not the simulator's).
+pub fn empty_sys() -> PathBuf {
+    let dir = std::env::temp_dir().join("junction-e2e-empty-sys");
+    std::fs::create_dir_all(&dir).expect("create empty sys dir");
+    dir
+}
+
 /// What [`sim_config`] says about eBPF: off, so that tests of other parts do not each load
 /// BPF programs (the eBPF tests replace this table).
 pub const EBPF_OFF: &str = "[sources.ebpf]\nenabled = false\n";
@@ -61,8 +69,9 @@ pub const EBPF_OFF: &str = "[sources.ebpf]\nenabled = false\n";
 /// A config that points at the simulator and collects every group every second.
 pub fn sim_config(variant: &str, port: u16, extra: &str) -> String {
     let mut s = format!(
-        "proc_root = {:?}\nstate_dir = {:?}\n\n[sources.nvml]\nlibrary = {:?}\ncall_timeout_ms = 500\n{extra}\n{EBPF_OFF}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
+        "proc_root = {:?}\nsysfs_root = {:?}\nstate_dir = {:?}\n\n[sources.nvml]\nlibrary = {:?}\ncall_timeout_ms = 500\n{extra}\n{EBPF_OFF}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
         empty_proc().display().to_string(),
+        empty_sys().display().to_string(),
         temp_dir().join("state").display().to_string(),
         sim_lib(variant).display().to_string()
     );

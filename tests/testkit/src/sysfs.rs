@@ -102,7 +102,7 @@ impl Tree {
         set(&dir.join("fw_ver"), fw);
         set(&dir.join("hca_type"), hca);
         set(&dir.join("node_type"), "1: CA");
-        link(&pci.to_path_buf(), &dir.join("device"));
+        link(pci, &dir.join("device"));
         let drv = self.root.join("bus/pci/drivers").join(driver);
         std::fs::create_dir_all(&drv).expect("driver dir");
         link(&drv, &pci.join("driver"));
@@ -243,7 +243,12 @@ pub fn hgx(root: &Path, gpu_buses: &[u8], switches: bool) -> Node {
             } else {
                 let prev: &Vec<PathBuf> = &gpu_ports[i - 1];
                 for p in &prev[..2] {
-                    chain.push(p.file_name().unwrap().to_str().unwrap().to_string());
+                    chain.push(
+                        p.file_name()
+                            .and_then(|f| f.to_str())
+                            .expect("a port")
+                            .to_string(),
+                    );
                 }
             }
             for _ in 0..2 {

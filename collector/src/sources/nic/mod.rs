@@ -327,14 +327,16 @@ impl Track {
                 format!("state {}, phys_state {}", name(&p.state), name(&p.phys)),
             ));
         }
-        if p.up() && cfg.expected_rate_gbps > 0.0 && p.link_layer != LinkLayer::Efa {
-            if let Some(r) = p.rate_gbps.filter(|r| *r < cfg.expected_rate_gbps) {
-                out.push((
-                    NicCode::RateBelowExpected,
-                    HealthState::Degraded,
-                    format!("{r} Gb/s, expected {} Gb/s", cfg.expected_rate_gbps),
-                ));
-            }
+        if p.up()
+            && cfg.expected_rate_gbps > 0.0
+            && p.link_layer != LinkLayer::Efa
+            && let Some(r) = p.rate_gbps.filter(|r| *r < cfg.expected_rate_gbps)
+        {
+            out.push((
+                NicCode::RateBelowExpected,
+                HealthState::Degraded,
+                format!("{r} Gb/s, expected {} Gb/s", cfg.expected_rate_gbps),
+            ));
         }
         if cfg.flap_transitions > 0 && self.ups.len() >= cfg.flap_transitions as usize {
             out.push((

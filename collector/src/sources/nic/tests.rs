@@ -246,7 +246,11 @@ fn wraps_and_a_driver_reload_neither_go_back_nor_count_twice() {
     // Still GPU 1's rail (not its neighbour's NIC): its absence degrades GPU 1.
     assert_eq!(rails(&m)[1], vec![("mlx5_1".to_string(), "switch")]);
     let f = m.fabric.findings("0000:2a:00.0");
-    assert!(f.iter().any(|f| f.code == Code::RailDegraded && f.detail.contains("port_absent")), "{f:?}");
+    assert!(
+        f.iter()
+            .any(|f| f.code == Code::RailDegraded && f.detail.contains("port_absent")),
+        "{f:?}"
+    );
     let dev = n
         .tree
         .rdma(&pci, "mlx5_1", "mlx5_core", "28.41.1000", "MT4129");
@@ -369,8 +373,10 @@ fn a_node_without_rdma_devices_says_so() {
     let dir = testkit::temp_dir().join("sys");
     let t = tree::Tree::new(&dir);
     let m = model_with_gpus();
-    let mut c = Config::default();
-    c.sysfs_root = t.root.clone();
+    let mut c = Config {
+        sysfs_root: t.root.clone(),
+        ..Config::default()
+    };
     c.sources.nic.expected_ports = 8;
     State::default().poll(&c, &m, Instant::now());
     let d = m.source_details();

@@ -427,3 +427,6 @@ fn describe(f: &Function, id: &str, all: &[Function]) -> String {
         }
     )
 }
+
+#[cfg(test)]
+mod tests;
