@@ -351,3 +351,78 @@ pub fn hgx(root: &Path, gpu_buses: &[u8], switches: bool) -> Node {
         efa,
     }
 }
+
+/// Every standard counter the IB core exposes (`drivers/infiniband/core/sysfs.c`).
+pub const STANDARD_COUNTERS: [&str; 21] = [
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_discards",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+    "port_xmit_wait",
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+    "unicast_xmit_packets",
+    "unicast_rcv_packets",
+    "multicast_xmit_packets",
+    "multicast_rcv_packets",
+];
+
+/// mlx5's port counters (`drivers/infiniband/hw/mlx5/counters.c`).
+pub const MLX5_HW_COUNTERS: [&str; 36] = [
+    "rx_write_requests",
+    "rx_read_requests",
+    "rx_atomic_requests",
+    "rx_dct_connect",
+    "out_of_buffer",
+    "out_of_sequence",
+    "duplicate_request",
+    "rnr_nak_retry_err",
+    "packet_seq_err",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+    "req_transport_retries_exceeded",
+    "resp_local_length_error",
+    "resp_cqe_error",
+    "req_cqe_error",
+    "req_remote_invalid_request",
+    "req_remote_access_errors",
+    "resp_remote_access_errors",
+    "resp_cqe_flush_error",
+    "req_cqe_flush_error",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "roce_slow_restart",
+    "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
+    "rx_icrc_encapsulated",
+    "rp_cnp_ignored",
+    "rp_cnp_handled",
+    "np_ecn_marked_roce_packets",
+    "np_cnp_sent",
+    "lifespan",
+    "tx_atomic_req",
+    "tx_read_req",
+    "tx_write_req",
+    "rx_icrc_error",
+    "cnp_sent",
+];
+
+/// Gives a port every standard and mlx5 counter, at `value`.
+pub fn every_counter(tree: &Tree, port: &Path, value: u64) {
+    for c in STANDARD_COUNTERS {
+        tree.counter(port, "counters", c, value);
+    }
+    for c in MLX5_HW_COUNTERS {
+        tree.counter(port, "hw_counters", c, value);
+    }
+}

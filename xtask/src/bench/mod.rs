@@ -14,6 +14,7 @@ use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 
 mod bmc;
 mod ebpf;
+mod fabric;
 mod kmsg;
 
 /// The row with every source a root agent runs by default (eBPF attribution, the kernel log,
@@ -208,6 +209,7 @@ pub fn run(smoke: bool) -> Result<()> {
     let kmsg = kmsg::run(&bin, &lib, smoke, &dir)?;
     let ebpf = ebpf::run(&bin, smoke)?;
     let bmc = bmc::run(&bin, smoke, &dir)?;
+    let fabric = fabric::run(&bin, smoke, &dir)?;
     // The fuzzers run in the test suite for a bounded count; here for a minute each.
     let fuzz_secs = 60;
     let fuzzed = if smoke {
@@ -219,6 +221,7 @@ pub fn run(smoke: bool) -> Result<()> {
     report.push_str(&kmsg_report(&kmsg));
     report.push_str(&ebpf::report(&ebpf));
     report.push_str(&bmc::report(&bmc));
+    report.push_str(&fabric::report(&fabric));
     if !fuzzed.is_empty() {
         report.push_str(&crate::fuzz::report(&fuzzed, fuzz_secs));
     }
@@ -241,17 +244,39 @@ pub fn run_bmc() -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let section = bmc::report(&bmc::run(&bin, false, &dir)?);
     print!("{section}");
+    replace_section("\n## BMC polls\n", &section)?;
+    println!("wrote the BMC section of BENCHMARKS.md");
+    Ok(())
+}
+
+/// `cargo xtask bench --fabric`: the nic and pcie polls alone, release build; that section
+/// of BENCHMARKS.md is replaced (or added), the rest kept.
+pub fn run_fabric() -> Result<()> {
+    run_cmd(cargo().args(["build", "--quiet", "--release", "-p", "junction", "--examples"]))?;
+    let bin = root().join("target/release/junction");
+    let dir = root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let section = fabric::report(&fabric::run(&bin, false, &dir)?);
+    print!("{section}");
+    replace_section("\n## NIC and PCIe polls\n", &section)?;
+    println!("wrote the NIC and PCIe section of BENCHMARKS.md");
+    Ok(())
+}
+
+/// Replaces the BENCHMARKS.md section that starts with `heading` (appends it if absent).
+fn replace_section(heading: &str, section: &str) -> Result<()> {
     let path = root().join("BENCHMARKS.md");
     let text = std::fs::read_to_string(&path)?;
-    let start = text
-        .find("\n## BMC polls\n")
-        .context("BENCHMARKS.md has no BMC section: run `cargo xtask bench`")?;
-    let end = text[start + 1..]
-        .find("\n## ")
-        .map_or(text.len(), |i| start + 1 + i);
-    let out = format!("{}{}{}", &text[..start], section, &text[end..]);
+    let out = match text.find(heading) {
+        Some(start) => {
+            let end = text[start + 1..]
+                .find("\n## ")
+                .map_or(text.len(), |i| start + 1 + i);
+            format!("{}{}{}", &text[..start], section, &text[end..])
+        }
+        None => format!("{}{section}", text.trim_end_matches('\n').to_string() + "\n"),
+    };
     std::fs::write(&path, out)?;
-    println!("wrote the BMC section of BENCHMARKS.md");
     Ok(())
 }
 
