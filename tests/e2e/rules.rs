@@ -414,22 +414,43 @@ fn append(f: &Path, text: &str) {
         .expect("append");
 }
 
+/// The node's sysfs (`testkit::sysfs::hgx`, the simulator's bus addresses) in `sim_config`'s
+/// place; `faulty`: mlx5_3's port down.
+fn with_sysfs(config: String, faulty: bool) -> String {
+    const BUSES: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+    let node = testkit::sysfs::hgx(&support::temp_dir().join("sys"), &BUSES, true);
+    if faulty {
+        let p = &node.rails[3].1;
+        testkit::sysfs::set(&p.join("state"), "1: DOWN");
+        testkit::sysfs::set(&p.join("phys_state"), "3: Disabled");
+    }
+    config.replace(
+        &format!(
+            "sysfs_root = {:?}",
+            support::empty_sys().display().to_string()
+        ),
+        &format!("sysfs_root = {:?}", node.tree.root.display().to_string()),
+    )
+}
+
 fn junction_config(port: u16, cdu: u16, kern: &Path) -> String {
     let unreachable = support::free_port();
     let pw = support::temp_dir().join("pw");
     std::fs::write(&pw, "x\n").expect("pw");
-    support::sim_config("current", port, "").replace(
+    // Eight NIC ports expected, one down; nine GPUs expected on the bus, eight there.
+    with_sysfs(support::sim_config("current", port, ""), true).replace(
         support::EBPF_OFF,
         "[sources.ebpf]\nwatch_devices = [\"/dev/null\"]\nexited_retention_secs = 600\n",
-    ) + &format!(
-        "\n[sources.kmsg]\ndevice = \"\"\nfiles = [{:?}]\n\
+    ) + "\n[sources.nic]\ninterval_secs = 1\nexpected_ports = 8\n\n[sources.pcie]\ninterval_secs = 1\nexpected_gpus = 9\n"
+        + &format!(
+            "\n[sources.kmsg]\ndevice = \"\"\nfiles = [{:?}]\n\
              \n[[sources.redfish.targets]]\nname = \"cdu\"\nurl = \"http://127.0.0.1:{cdu}\"\ninterval_secs = 1\n\
              \n[[sources.redfish.targets]]\nname = \"down\"\nurl = \"http://127.0.0.1:{unreachable}\"\ninterval_secs = 1\ntimeout_secs = 1\n\
              \n[[sources.ipmi.targets]]\nname = \"down\"\nhost = \"127.0.0.1\"\nport = {unreachable}\nusername = \"x\"\npassword_file = {:?}\ninterval_secs = 2\ntimeout_secs = 1\n\
              \n[health]\ninterval_secs = 1\nforecast_window_secs = 20\nforecast_horizon_secs = 30\nforecast_persist = 3\n",
-        kern.display().to_string(),
-        pw.display().to_string()
-    )
+            kern.display().to_string(),
+            pw.display().to_string()
+        )
 }
 
 /// Queries every expression until each has returned data once (or the deadline); returns
@@ -569,7 +590,8 @@ fn on_a_healthy_node_no_alert_fires() {
     };
     let cdu = cdu(false);
     let kern = kmsg_file();
-    let config = support::sim_config("current", port, "")
+    let config = with_sysfs(support::sim_config("current", port, ""), false)
+        + "\n[sources.nic]\ninterval_secs = 1\nexpected_ports = 8\nexpected_rate_gbps = 400\n\n[sources.pcie]\ninterval_secs = 1\nexpected_gpus = 8\n"
         + &format!(
             "\n[sources.kmsg]\ndevice = \"\"\nfiles = [{:?}]\n\
              \n[[sources.redfish.targets]]\nname = \"cdu\"\nurl = \"http://127.0.0.1:{}\"\ninterval_secs = 1\n\
@@ -612,6 +634,8 @@ fn on_a_healthy_node_no_alert_fires() {
                 ("coolant", "hw_temperature_celsius{hw_sensor_location=\"liquid_inlet\"}"),
                 ("coolant state", "bmc_sensor_state{hw_type=\"temperature\", junction_target=\"cdu\"}"),
                 ("leak", "cooling_leak_detector_state"),
+                ("nic ports", "count(hw_status{hw_type=\"network\", hw_state=\"ok\"} == 1) == 10"),
+                ("pcie", "pcie_aer_errors_total"),
                 ("targets", "junction_target_up == 1"),
                 ("sources", "junction_source_up == 1"),
                 ("clock events", "gpu_clock_event_active"),

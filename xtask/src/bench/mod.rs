@@ -252,7 +252,14 @@ pub fn run_bmc() -> Result<()> {
 /// `cargo xtask bench --fabric`: the nic and pcie polls alone, release build; that section
 /// of BENCHMARKS.md is replaced (or added), the rest kept.
 pub fn run_fabric() -> Result<()> {
-    run_cmd(cargo().args(["build", "--quiet", "--release", "-p", "junction", "--examples"]))?;
+    run_cmd(cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "junction",
+        "--examples",
+    ]))?;
     let bin = root().join("target/release/junction");
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
@@ -274,7 +281,10 @@ fn replace_section(heading: &str, section: &str) -> Result<()> {
                 .map_or(text.len(), |i| start + 1 + i);
             format!("{}{}{}", &text[..start], section, &text[end..])
         }
-        None => format!("{}{section}", text.trim_end_matches('\n').to_string() + "\n"),
+        None => format!(
+            "{}{section}",
+            text.trim_end_matches('\n').to_string() + "\n"
+        ),
     };
     std::fs::write(&path, out)?;
     Ok(())

@@ -38,11 +38,11 @@ config_section! {
         /// RDMA devices to leave out (e.g. the NVSwitch management functions of an HGX
         /// board, which appear as `mlx5_*` and refuse counter reads).
         pub exclude_devices: Vec<String> = Vec::new(),
-        /// Ports that must be ACTIVE / LinkUp (at `expected_rate_gbps`, when set); 0: only
-        /// ports once seen up are expected up. GPUd's default for 8-GPU H100 / B200 nodes
-        /// is 8 ports at 400 Gb/s.
+        /// InfiniBand ports that must be ACTIVE / LinkUp (at `expected_rate_gbps`, when set);
+        /// 0: only ports once seen up are expected up. As GPUd, RoCE and EFA ports are not
+        /// counted. GPUd's default for 8-GPU H100 / B200 nodes is 8 ports at 400 Gb/s.
         pub expected_ports: u32 = 0,
-        /// The rate (Gb/s) an up port must run at; 0: any.
+        /// The rate (Gb/s) an up InfiniBand port must run at; 0: any.
         pub expected_rate_gbps: f64 = 0.0,
         /// Down→up transitions within `flap_window_secs` that make a port flapping (GPUd:
         /// three flaps in twelve hours).
@@ -319,7 +319,7 @@ impl Track {
             ));
             return out;
         }
-        if !p.up() && (self.seen_up || expected) {
+        if !p.up() && (self.seen_up || (expected && p.link_layer == LinkLayer::InfiniBand)) {
             let name = |s: &Option<(u8, String)>| s.as_ref().map_or("-".into(), |s| s.1.clone());
             out.push((
                 NicCode::PortDown,
@@ -329,7 +329,7 @@ impl Track {
         }
         if p.up()
             && cfg.expected_rate_gbps > 0.0
-            && p.link_layer != LinkLayer::Efa
+            && p.link_layer == LinkLayer::InfiniBand
             && let Some(r) = p.rate_gbps.filter(|r| *r < cfg.expected_rate_gbps)
         {
             out.push((

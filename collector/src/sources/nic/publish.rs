@@ -56,7 +56,7 @@ pub fn publish(model: &Model, s: &State, rails: &BTreeMap<String, Vec<Rail>>, cf
         let up = t.present && p.up();
         let rate_ok = cfg.expected_rate_gbps <= 0.0
             || p.rate_gbps.is_some_and(|r| r >= cfg.expected_rate_gbps);
-        active += usize::from(up && rate_ok);
+        active += usize::from(up && rate_ok && p.link_layer == LinkLayer::InfiniBand);
         out.push(base(key, t, Metric::NetworkUp, f64::from(u8::from(up))));
         if let Some(r) = p.rate_gbps.filter(|_| t.present) {
             out.push(base(key, t, Metric::NetworkBandwidthLimit, r * 1e9 / 8.0));

@@ -3,9 +3,9 @@
 //!
 //! | reason | when | state | default from |
 //! |---|---|---|---|
-//! | `port_down` | not ACTIVE / LinkUp, having been (or `expected_ports` set) | failed | NVSentinel (port DOWN is fatal) |
+//! | `port_down` | not ACTIVE / LinkUp, having been (or, for InfiniBand, `expected_ports` set) | failed | NVSentinel (port DOWN is fatal) |
 //! | `port_absent` | the device or port disappeared | failed | NVSentinel (device gone) |
-//! | `rate_below_expected` | up, at a rate under `expected_rate_gbps` | degraded | GPUd (`at_least_rate`), NVSentinel (rate renegotiation) |
+//! | `rate_below_expected` | an InfiniBand port up at a rate under `expected_rate_gbps` | degraded | GPUd (`at_least_rate`), NVSentinel (rate renegotiation) |
 //! | `port_flapping` | `flap_transitions` down→up within `flap_window_secs` | degraded | GPUd (3 flaps, 12 h) |
 //! | `fatal_counter` | `link_downed`, `excessive_buffer_overrun_errors`, `local_link_integrity_errors`, `rnr_nak_retry_err` rose | failed | NVSentinel (delta > 0, fatal) |
 //! | `error_rate` | `symbol_error` > 10/s or > 120/h (failed), `link_error_recovery` > 5/min, `port_rcv_errors` > 10/s, `local_ack_timeout_err` > 1/s, `port_xmit_discards` > 100/s, `roce_slow_restart` > 10/s | degraded (failed for 120/h) | NVSentinel |
