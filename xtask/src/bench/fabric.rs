@@ -53,8 +53,9 @@ pub fn report(rows: &[Row]) -> String {
          the kernel's layout (`testkit::sysfs::hgx`: 8 GPUs behind four two-level PCIe switches\n\
          with AER files and link state, 8 InfiniBand NICs with 1 or 4 ports, each port with all\n\
          21 standard and 35 mlx5 counters), 500 polls in one thread, CPU time of the thread\n\
-         (`getrusage(RUSAGE_THREAD)`) per poll. sysfs here is a tmpfs-backed tree, not the\n\
-         kernel's: a real `counters/` read costs the NIC a firmware command.\n\n\
+         (`getrusage(RUSAGE_THREAD)`) per poll. The tree is ordinary files (`target/bench`), not the\n\
+         kernel's sysfs: on a real NIC a `counters/` read also costs a firmware command.\n\
+         Produced by `cargo xtask bench --fabric` (or `cargo xtask bench`).\n\n\
          | ports | counters per port | series published | nic poll, CPU (µs) | pcie poll, CPU (µs) |\n|---|---|---|---|---|\n",
     );
     for r in rows {
