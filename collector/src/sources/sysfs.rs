@@ -177,4 +177,29 @@ mod tests {
         assert!(plain_name("rnr_nak_retry_err") && plain_name("0000:18:00.0"));
         assert!(!plain_name("..") && !plain_name("a b") && !plain_name(&"x".repeat(65)));
     }
+
+    /// The kernel's own sysfs, not a tree written here: every PCI function of this machine
+    /// resolves to its host bridge and its chain of ports, ending in itself, and its vendor
+    /// and class read as the hexadecimal the kernel prints.
+    #[test]
+    fn this_machines_pci_bus() {
+        let root = Path::new("/sys");
+        let listed = names(&root.join("bus/pci/devices"));
+        assert!(
+            !listed.is_empty() || std::env::var_os("CI").is_none(),
+            "CI machines have PCI functions in /sys/bus/pci/devices"
+        );
+        for bdf in &listed {
+            let dir = pci_dir(root, bdf);
+            let p = pci_path(root, &dir).unwrap_or_else(|| panic!("{bdf}: no place in the tree"));
+            assert!(p.host_bridge.starts_with("pci"), "{bdf}: {p:?}");
+            assert_eq!(p.bdf(), bdf);
+            assert!(read_hex(&dir.join("vendor")).is_some_and(|v| v <= 0xffff), "{bdf}: vendor");
+            assert!(read_hex(&dir.join("class")).is_some(), "{bdf}: class");
+            // The ports above are functions too.
+            for up in p.upstream() {
+                assert!(listed.contains(up), "{bdf}: {up} above it is not listed");
+            }
+        }
+    }
 }
