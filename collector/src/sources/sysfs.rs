@@ -194,7 +194,10 @@ mod tests {
             let p = pci_path(root, &dir).unwrap_or_else(|| panic!("{bdf}: no place in the tree"));
             assert!(p.host_bridge.starts_with("pci"), "{bdf}: {p:?}");
             assert_eq!(p.bdf(), bdf);
-            assert!(read_hex(&dir.join("vendor")).is_some_and(|v| v <= 0xffff), "{bdf}: vendor");
+            assert!(
+                read_hex(&dir.join("vendor")).is_some_and(|v| v <= 0xffff),
+                "{bdf}: vendor"
+            );
             assert!(read_hex(&dir.join("class")).is_some(), "{bdf}: class");
             // The ports above are functions too.
             for up in p.upstream() {

@@ -80,33 +80,7 @@ pub fn publish(model: &Model, s: &State, rails: &BTreeMap<String, Vec<Rail>>, cf
                 .with("hw.model", t.info.model.clone())
                 .with("nic.driver", t.info.driver.clone()),
         );
-        for ((driver, name), (c, _)) in &t.counters {
-            let total = c.total();
-            let mapped = if *driver {
-                efa_traffic(name).filter(|_| p.link_layer == LinkLayer::Efa)
-            } else {
-                traffic(name)
-            };
-            if let Some((metric, dir, scale)) = mapped {
-                out.push(
-                    base(key, t, metric, total.saturating_mul(scale) as f64)
-                        .with("network.io.direction", dir),
-                );
-            } else if !*driver && !NOT_ERRORS.contains(&name.as_str()) {
-                out.push(
-                    base(key, t, Metric::EccErrors, total as f64).with("error.type", name.clone()),
-                );
-            } else {
-                out.push(
-                    base(key, t, Metric::NicCounter, total as f64)
-                        .with("nic.counter", name.clone())
-                        .with(
-                            "nic.counter.source",
-                            if *driver { "hw_counters" } else { "counters" },
-                        ),
-                );
-            }
-        }
+        counter_samples(key, t, p.link_layer, &mut out);
         let state = t.state.unwrap_or(HealthState::Ok);
         for st in [HealthState::Ok, HealthState::Degraded, HealthState::Failed] {
             out.push(
@@ -176,6 +150,38 @@ pub fn publish(model: &Model, s: &State, rails: &BTreeMap<String, Vec<Rail>>, cf
     }
     model.set_source_detail("nic", lines);
     model.publish("nic", "ports", out);
+}
+
+/// A port's counters: traffic as `hw.network.*`, the IBTA error counters as `hw.errors`, the
+/// rest as `nic.counter`.
+fn counter_samples(key: &str, t: &Track, layer: LinkLayer, out: &mut Vec<Sample>) {
+    for ((driver, name), (c, _)) in &t.counters {
+        let total = c.total();
+        let mapped = if *driver {
+            efa_traffic(name).filter(|_| layer == LinkLayer::Efa)
+        } else {
+            traffic(name)
+        };
+        if let Some((metric, dir, scale)) = mapped {
+            out.push(
+                base(key, t, metric, total.saturating_mul(scale) as f64)
+                    .with("network.io.direction", dir),
+            );
+        } else if !*driver && !NOT_ERRORS.contains(&name.as_str()) {
+            out.push(
+                base(key, t, Metric::EccErrors, total as f64).with("error.type", name.clone()),
+            );
+        } else {
+            out.push(
+                base(key, t, Metric::NicCounter, total as f64)
+                    .with("nic.counter", name.clone())
+                    .with(
+                        "nic.counter.source",
+                        if *driver { "hw_counters" } else { "counters" },
+                    ),
+            );
+        }
+    }
 }
 
 fn or_dash(s: &str) -> &str {

@@ -135,55 +135,7 @@ impl State {
         // Per function: what its counters did in this read (fatal total, non-fatal delta).
         let mut events: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         for f in &functions {
-            let hw_id = id(f);
-            let base = |m: Metric, v: f64| {
-                Sample::new(m, v)
-                    .with("hw.id", hw_id.clone())
-                    .with("hw.type", f.role.hw_type())
-                    .with("pcie.bdf", f.bdf.clone())
-            };
-            for (i, a) in f.aer.iter().enumerate() {
-                let sev = SEVERITIES[i].0;
-                if let Some(t) = a.total {
-                    let (total, delta) = self.count((f.bdf.clone(), i, None), t);
-                    out.push(base(Metric::AerErrors, total as f64).with("pcie.aer.severity", sev));
-                    let e = events.entry(f.bdf.clone()).or_default();
-                    match sev {
-                        "fatal" => e.0 = total,
-                        "nonfatal" => e.1 = delta,
-                        _ => {}
-                    }
-                }
-                for (bit, n) in &a.bits {
-                    let (total, _) = self.count((f.bdf.clone(), i, Some(bit.clone())), *n);
-                    out.push(
-                        base(Metric::AerErrorTypes, total as f64)
-                            .with("pcie.aer.severity", sev)
-                            .with("error.type", bit.clone()),
-                    );
-                }
-                if let Some(rp) = a.rootport {
-                    let (total, _) = self.count((f.bdf.clone(), i + 3, None), rp);
-                    out.push(
-                        base(Metric::AerRootPortErrors, total as f64)
-                            .with("pcie.aer.severity", sev),
-                    );
-                }
-            }
-            let l = &f.link;
-            for (state, speed, width) in [
-                ("current", l.speed, l.width),
-                ("max", l.max_speed, l.max_width),
-            ] {
-                if let Some(s) = speed {
-                    out.push(base(Metric::PcieLinkSpeed, s * 1e9).with("pcie.link.state", state));
-                }
-                if let Some(w) = width {
-                    out.push(
-                        base(Metric::PcieLinkWidth, f64::from(w)).with("pcie.link.state", state),
-                    );
-                }
-            }
+            self.samples(f, id(f), &mut out, &mut events);
         }
         let findings = self.findings(&functions, &events, cfg, now);
         model.fabric.set_findings("pcie", findings);
@@ -234,6 +186,62 @@ impl State {
         ));
         model.set_source_detail("pcie", lines);
         model.publish("pcie", "bus", out);
+    }
+
+    /// A function's AER and link series; what its AER counters did goes into `events`
+    /// (fatal total, non-fatal delta).
+    fn samples(
+        &mut self,
+        f: &Function,
+        hw_id: String,
+        out: &mut Vec<Sample>,
+        events: &mut BTreeMap<String, (u64, u64)>,
+    ) {
+        let base = |m: Metric, v: f64| {
+            Sample::new(m, v)
+                .with("hw.id", hw_id.clone())
+                .with("hw.type", f.role.hw_type())
+                .with("pcie.bdf", f.bdf.clone())
+        };
+        for (i, a) in f.aer.iter().enumerate() {
+            let sev = SEVERITIES[i].0;
+            if let Some(t) = a.total {
+                let (total, delta) = self.count((f.bdf.clone(), i, None), t);
+                out.push(base(Metric::AerErrors, total as f64).with("pcie.aer.severity", sev));
+                let e = events.entry(f.bdf.clone()).or_default();
+                match sev {
+                    "fatal" => e.0 = total,
+                    "nonfatal" => e.1 = delta,
+                    _ => {}
+                }
+            }
+            for (bit, n) in &a.bits {
+                let (total, _) = self.count((f.bdf.clone(), i, Some(bit.clone())), *n);
+                out.push(
+                    base(Metric::AerErrorTypes, total as f64)
+                        .with("pcie.aer.severity", sev)
+                        .with("error.type", bit.clone()),
+                );
+            }
+            if let Some(rp) = a.rootport {
+                let (total, _) = self.count((f.bdf.clone(), i + 3, None), rp);
+                out.push(
+                    base(Metric::AerRootPortErrors, total as f64).with("pcie.aer.severity", sev),
+                );
+            }
+        }
+        let l = &f.link;
+        for (state, speed, width) in [
+            ("current", l.speed, l.width),
+            ("max", l.max_speed, l.max_width),
+        ] {
+            if let Some(s) = speed {
+                out.push(base(Metric::PcieLinkSpeed, s * 1e9).with("pcie.link.state", state));
+            }
+            if let Some(w) = width {
+                out.push(base(Metric::PcieLinkWidth, f64::from(w)).with("pcie.link.state", state));
+            }
+        }
     }
 
     /// What each GPU's path says, keyed by the GPU's address.
