@@ -2,6 +2,7 @@
 //! polled at instants the tests choose.
 
 use super::*;
+use std::path::Path;
 use crate::model::{GpuInfo, Metric};
 use testkit::sysfs::{self as tree, Node};
 
