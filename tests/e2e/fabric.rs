@@ -153,6 +153,10 @@ fn rails_ports_links_and_aer_move_the_right_nic_and_gpu() {
         text.contains("mlx5_8 port 1: ethernet ACTIVE/LinkUp 100 Gb/s"),
         "{text}"
     );
+    assert!(
+        text.contains("mlx5_5 port 1: infiniband ACTIVE/LinkUp 400 Gb/s, pci 0000:c5:00.0, numa 1, fw 28.41.1000 — ok\n    rail of GPU 5 (0000:ab:00.0)\n"),
+        "{text}"
+    );
 
     // mlx5_3 goes down: the port fails, GPU 3 (and only GPU 3) is degraded by its rail.
     let p3 = &node.rails[3].1;

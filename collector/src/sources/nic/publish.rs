@@ -51,6 +51,16 @@ pub fn publish(model: &Model, s: &State, rails: &BTreeMap<String, Vec<Rail>>, cf
     let mut out = Vec::new();
     let mut lines = Vec::new();
     let mut active = 0;
+    let gpus: Vec<(String, u32)> = model
+        .snapshot()
+        .iter()
+        .filter_map(|g| {
+            Some((
+                crate::model::fabric::normalize_bdf(&g.info.pci_bus_id)?,
+                g.info.index,
+            ))
+        })
+        .collect();
     for (key, t) in &s.ports {
         let Some(p) = &t.port else { continue };
         let up = t.present && p.up();
@@ -114,6 +124,19 @@ pub fn publish(model: &Model, s: &State, rails: &BTreeMap<String, Vec<Rail>>, cf
             line.push_str(" (gone)");
         }
         lines.push(line);
+        // The other side of the rail: the GPUs this NIC serves.
+        let serves: Vec<String> = gpus
+            .iter()
+            .filter(|(bdf, _)| {
+                rails
+                    .get(bdf)
+                    .is_some_and(|r| r.iter().any(|r| r.device == t.device))
+            })
+            .map(|(bdf, index)| format!("GPU {index} ({bdf})"))
+            .collect();
+        if !serves.is_empty() {
+            lines.push(format!("  rail of {}", serves.join(", ")));
+        }
         for (code, (_, detail, _)) in &t.last_true {
             lines.push(format!("  {code}: {detail}"));
         }

@@ -2,8 +2,8 @@
 //! polled at instants the tests choose.
 
 use super::*;
-use std::path::Path;
 use crate::model::{GpuInfo, Metric};
+use std::path::Path;
 use testkit::sysfs::{self as tree, Node};
 
 const BUSES: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
