@@ -52,6 +52,7 @@ pub struct Rail {
 struct Inner {
     findings: BTreeMap<&'static str, BTreeMap<String, Vec<Finding>>>,
     rails: BTreeMap<String, Vec<Rail>>,
+    paths: BTreeMap<String, Vec<String>>,
 }
 
 /// The fabric's view of the GPUs.
@@ -83,6 +84,24 @@ impl Fabric {
     /// Replaces the rails, per GPU PCI address.
     pub fn set_rails(&self, rails: BTreeMap<String, Vec<Rail>>) {
         lock(&self.inner).rails = rails;
+    }
+
+    /// Replaces the ports above each GPU (root port first), per GPU PCI address.
+    pub fn set_paths(&self, paths: BTreeMap<String, Vec<String>>) {
+        lock(&self.inner).paths = paths;
+    }
+
+    /// The GPUs (PCI addresses) at `bdf` or behind the port `bdf`.
+    pub fn gpus_behind(&self, bdf: &str) -> Vec<String> {
+        let Some(b) = normalize_bdf(bdf) else {
+            return Vec::new();
+        };
+        lock(&self.inner)
+            .paths
+            .iter()
+            .filter(|(gpu, up)| **gpu == b || up.contains(&b))
+            .map(|(gpu, _)| gpu.clone())
+            .collect()
     }
 
     /// The rail of the GPU at `bdf`.

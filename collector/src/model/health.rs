@@ -127,6 +127,12 @@ closed_set! {
         PcieLinkDegraded = "pcie_link_degraded",
         /// PCIe: an NVIDIA GPU on the bus that NVML does not list.
         NotInNvml = "not_in_nvml",
+        /// Kernel log: GSP RPCs keep failing on the GPU.
+        GspUnresponsive = "gsp_unresponsive",
+        /// Kernel log: the driver could not initialise the GPU (RmInitAdapter failed).
+        RmInitFailed = "rm_init_failed",
+        /// Kernel log: a fatal PCIe AER error on the GPU's path.
+        PcieFatalLogged = "pcie_fatal_logged",
     }
 }
 

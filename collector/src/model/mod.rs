@@ -7,6 +7,7 @@ pub mod fabric;
 pub mod health;
 pub mod processes;
 pub mod registry;
+pub mod signatures;
 pub mod state;
 pub mod view;
 pub mod xid;

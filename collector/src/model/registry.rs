@@ -324,8 +324,10 @@ registry! {
         "/sys/bus/pci/devices/*/{current,max}_link_speed (GT/s)", "PCIe link speed, current and max, in transfers per second.";
     PcieLinkWidth = "pcie.link.width", "{lane}", Gauge, ["hw.type", "pcie.bdf", "pcie.link.state"], Status,
         "/sys/bus/pci/devices/*/{current,max}_link_width", "PCIe link width in lanes, current and max.";
+    KmsgSignatures = "kmsg.signature.events", "{event}", Counter, ["hw.type", "kmsg.signature"], Status,
+        "kernel log (/dev/kmsg, files): the signature catalog (model/signatures.rs)", "Kernel messages beyond XID and SXid by signature (GSP timeouts and crashes, RmInitAdapter failures, NVLink training, nvidia-peermem, AER, mlx5, OOM kills, lockups, hung tasks, NVMe, file systems) and the component they name (hw.id: a GPU, PCI-<address>, disk:<name>, or node); counted once across paths, kept across agent restarts, reset at reboot.";
     NodeReason = "node.health.reason", "{state}", Gauge, ["node.health.reason"], Status,
-        "derived (sources.pcie.expected_gpus, sources.nic.expected_ports)", "1 for each reason the node is not whole: gpus_missing (fewer NVIDIA GPUs on the bus than expected), ports_missing (fewer active NIC ports than expected).";
+        "derived (sources.pcie.expected_gpus, sources.nic.expected_ports); the kernel log's signature catalog", "1 for each reason the node is not whole: gpus_missing (fewer NVIDIA GPUs on the bus than expected), ports_missing (fewer active NIC ports than expected); from the kernel log, held for the boot: nvlink_training_failed, nvidia_module_load_failed, filesystem_read_only.";
     HealthAction = "gpu.health.action", "{state}", Gauge, ["gpu.health.action"], Status,
         "derived (the health rules)", "1 for the one action the GPU's reasons call for: none, restart_app, reset_gpu, reboot_node, drain_and_service (see gpu.health.reason).";
     TimeToThreshold = "gpu.temperature.time_to_threshold", "s", Gauge, ["hw.sensor_location"], Status,

@@ -13,6 +13,7 @@
 mod dedup;
 mod policy;
 mod saved;
+pub mod signatures;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
@@ -376,7 +377,13 @@ impl Model {
     /// A GPU that was lost or needed a reset answers again (it was reset): the XID reasons
     /// that hold until a reset clear.
     pub fn gpu_recovered(&self, id: &str) {
-        const CURED: [Code; 2] = [Code::XidFatal, Code::Xid154];
+        const CURED: [Code; 5] = [
+            Code::XidFatal,
+            Code::Xid154,
+            Code::GspUnresponsive,
+            Code::RmInitFailed,
+            Code::PcieFatalLogged,
+        ];
         for code in CURED {
             self.clear(id, code);
         }
@@ -484,6 +491,7 @@ impl Model {
             for (id, t) in &i.saved.last {
                 out.push(Sample::new(Metric::XidLast, t.floor()).with("hw.id", id.clone()));
             }
+            self.signature_samples(&i, &mut out);
             for (id, codes) in &i.saved.sxid {
                 for (key, n) in codes {
                     let (code, severity) = saved::split_sxid_key(key);

@@ -33,7 +33,14 @@ pub enum Effect {
 }
 
 /// The reasons XIDs raise (the kernel-log state restores only these).
-pub const CODES: [Code; 3] = [Code::Xid79, Code::Xid154, Code::XidFatal];
+pub const CODES: [Code; 6] = [
+    Code::Xid79,
+    Code::Xid154,
+    Code::XidFatal,
+    Code::GspUnresponsive,
+    Code::RmInitFailed,
+    Code::PcieFatalLogged,
+];
 
 /// Xid 79 fails the GPU until the node reboots; Xid 154 carries the recovery action the
 /// driver now asks for (none clears it, unless `nvml_action` says NVML still reports one); an

@@ -31,6 +31,12 @@ pub struct Saved {
     pub last: BTreeMap<String, f64>,
     pub sxid: BTreeMap<String, BTreeMap<String, u64>>,
     pub reasons: BTreeMap<String, Vec<SavedReason>>,
+    /// Kernel-log signature counts: component → signature → count.
+    #[serde(default)]
+    pub signatures: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Node reasons the kernel log raised this boot: reason → sentence.
+    #[serde(default)]
+    pub node_reasons: BTreeMap<String, String>,
 }
 
 /// The live state: what is saved, the de-duplication window, the UUIDs learned from the
@@ -43,6 +49,8 @@ pub struct Inner {
     pub pci_uuid: BTreeMap<String, String>,
     pub dirty: bool,
     pub last_flush: Option<Instant>,
+    /// When each (component, signature) last had an event.
+    pub signature_events: BTreeMap<(String, usize), Instant>,
 }
 
 /// The SXid counter key.

@@ -16,6 +16,7 @@ mod device;
 mod files;
 pub mod parser;
 pub mod record;
+pub mod signatures;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -217,6 +218,20 @@ impl Input {
     fn line(&self, parser: &mut Parser, line: &str, time: SystemTime, model: &Model) {
         match parser.line(line) {
             Parsed::Other | Parsed::SXidCompanion => {}
+            Parsed::Signature(m) => {
+                model.record_signature(crate::model::xid::signatures::SignatureReport {
+                    sig: m.sig,
+                    via: Some(self.via),
+                    pci: m.pci.map(str::to_string),
+                    reporter: m.reporter.map(str::to_string),
+                    dev: m.dev.map(str::to_string),
+                    pid: m.pid,
+                    comm: m.comm.map(str::to_string),
+                    rm: m.rm,
+                    message: line.trim().to_string(),
+                    time: Some(time),
+                });
+            }
             Parsed::GpuUuid(pci, uuid) => {
                 model.learn_gpu_uuid(&pci.to_string(), uuid);
             }

@@ -137,6 +137,8 @@ pub enum Parsed<'a> {
     SXidCompanion,
     /// The driver's `NVRM: GPU at PCI:…: GPU-<uuid>` line.
     GpuUuid(Pci, &'a str),
+    /// A signature of the catalog beyond XID (`model::signatures`).
+    Signature(super::signatures::SigMatch<'a>),
     /// Anything else.
     Other,
 }
@@ -202,9 +204,14 @@ impl Parser {
             if line.starts_with("nvidia-nvswitch") && SXID.find(line.as_bytes()).is_some() {
                 return sxid(line);
             }
-            return Parsed::Other;
+            return super::signatures::find(line).map_or(Parsed::Other, Parsed::Signature);
         }
-        let parsed = self.nvrm(line);
+        let mut parsed = self.nvrm(line);
+        if parsed == Parsed::Other
+            && let Some(m) = super::signatures::find(line)
+        {
+            parsed = Parsed::Signature(m);
+        }
         if let Some((_, n)) = &mut self.pending_bus {
             *n += 1;
             if *n > 3 {

@@ -137,6 +137,19 @@ impl State {
         for f in &functions {
             self.samples(f, id(f), &mut out, &mut events);
         }
+        let paths = functions
+            .iter()
+            .filter(|f| f.role == Role::Gpu)
+            .map(|f| {
+                let up = f
+                    .path
+                    .as_ref()
+                    .map(|p| p.upstream().to_vec())
+                    .unwrap_or_default();
+                (f.bdf.clone(), up)
+            })
+            .collect();
+        model.fabric.set_paths(paths);
         let findings = self.findings(&functions, &events, cfg, now);
         model.fabric.set_findings("pcie", findings);
         self.not_in_nvml(model, &functions, &nvml, &mut out);

@@ -48,6 +48,9 @@ fn describe(p: &Parsed<'_>) -> String {
         Parsed::SXidCompanion => "companion".into(),
         Parsed::GpuUuid(p, u) => format!("uuid {p} {u}"),
         Parsed::Other => "other".into(),
+        Parsed::Signature(m) => {
+            format!("signature {}", crate::model::signatures::CATALOG[m.sig].id)
+        }
     }
 }
 
@@ -83,7 +86,21 @@ fn every_line_of_the_real_world_corpus() {
     let expected = std::fs::read_to_string(format!("{dir}/xid-lines.expected.tsv"))
         .expect("xid-lines.expected.tsv");
     let lines: Vec<&str> = lines.lines().collect();
+    // The lines that are signatures beyond XID (tests/kmsg/realworld-signatures.tsv).
+    let sigs: std::collections::BTreeMap<usize, String> = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/kmsg/realworld-signatures.tsv"
+    ))
+    .expect("tests/kmsg/realworld-signatures.tsv")
+    .lines()
+    .filter(|r| !r.starts_with('#'))
+    .filter_map(|r| {
+        let (n, id) = r.split_once('\t')?;
+        Some((n.parse().ok()?, id.to_string()))
+    })
+    .collect();
     let mut checked = 0;
+    let mut signatures = 0;
     for row in expected.lines().filter(|r| !r.starts_with('#')) {
         let f: Vec<&str> = row.split('\t').collect();
         let n: usize = f[0].parse().expect("line number");
@@ -113,13 +130,25 @@ fn every_line_of_the_real_world_corpus() {
                 assert_eq!(s.switch, pci, "{what}");
                 assert_eq!(s.code.to_string(), code, "{what}");
             }
-            ("sxid-companion", Parsed::SXidCompanion)
-            | ("other" | "bus-multiline-start", Parsed::Other) => {}
+            ("other", Parsed::Signature(m)) => {
+                let id = crate::model::signatures::CATALOG[m.sig].id;
+                assert_eq!(sigs.get(&n).map(String::as_str), Some(id), "{what}");
+                signatures += 1;
+            }
+            ("other", Parsed::Other) => {
+                assert_eq!(sigs.get(&n), None, "a signature expected: {what}");
+            }
+            ("sxid-companion", Parsed::SXidCompanion) | ("bus-multiline-start", Parsed::Other) => {}
             _ => panic!("expected {kind}: {what}"),
         }
         checked += 1;
     }
     assert_eq!(checked, lines.len(), "every line has its expectation");
+    assert_eq!(
+        signatures,
+        sigs.len(),
+        "every listed signature line matched"
+    );
 }
 
 /// The driver's text counts only at the start of a kernel message; in a file, only on a
