@@ -13,6 +13,7 @@ mod faults;
 mod health;
 mod hostile;
 mod kmsg;
+mod kmsg_signatures;
 mod kmsg_trust;
 mod kubernetes;
 mod otlp;

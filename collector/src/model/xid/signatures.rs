@@ -1,6 +1,7 @@
 //! Kernel-log signatures beyond XID (`model::signatures`): each match is counted once across
 //! the kernel-log paths per component and signature, is an event (at most one a minute per
-//! component and signature, the count saying the rest), and does what the catalog says to
+//! component and signature, the count saying the rest; every process's OOM kill or hang is
+//! one), and does what the catalog says to
 //! health. Counts and node reasons are kept with the XID state (across agent restarts, reset
 //! at reboot); GPU reasons are held like the fatal XIDs'.
 
@@ -146,12 +147,14 @@ impl Model {
                 .entry(sig.id.to_string())
                 .or_insert(0) += 1;
             i.dirty = true;
+            // Every process's kill or hang is its own event (the event log's ring bounds
+            // them); the rest are limited per component and signature.
             let k = (component.clone(), r.sig);
-            let due = i
-                .signature_events
-                .get(&k)
-                .is_none_or(|t| now.duration_since(*t) >= EVENT_EVERY);
-            if due {
+            let due = sig.target == Target::Process
+                || i.signature_events
+                    .get(&k)
+                    .is_none_or(|t| now.duration_since(*t) >= EVENT_EVERY);
+            if due && sig.target != Target::Process {
                 if i.signature_events.len() >= 4 * MAX_COMPONENTS {
                     i.signature_events
                         .retain(|_, t| now.duration_since(*t) < EVENT_EVERY);
