@@ -26,6 +26,7 @@ commands:
   bench [--smoke]   measure CPU and memory per collection; writes BENCHMARKS.md (not with --smoke)
   bench --bmc       the BMC polls alone; rewrites BENCHMARKS.md's BMC section
   bench --fabric    the NIC and PCIe polls alone; rewrites that section of BENCHMARKS.md
+  bench --kmsg      the kernel-log benchmarks alone; rewrites that section of BENCHMARKS.md
   fuzz [--secs N] [--write]
                     fuzz every parser of outside input for N seconds each (default 60); --write
                     puts the figures in BENCHMARKS.md's fuzzing section
@@ -46,6 +47,7 @@ fn main() -> Result<()> {
         "test" => test(),
         "bench" if rest.iter().any(|a| a == "--bmc") => bench::run_bmc(),
         "bench" if rest.iter().any(|a| a == "--fabric") => bench::run_fabric(),
+        "bench" if rest.iter().any(|a| a == "--kmsg") => bench::run_kmsg(),
         "bench" => bench::run(rest.iter().any(|a| a == "--smoke")),
         "image" => image::build().map(|r| println!("{r}")),
         "fuzz" => fuzz_command(rest),

@@ -270,6 +270,29 @@ pub fn run_fabric() -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask bench --kmsg`: the kernel-log benchmarks alone, release build; that section
+/// of BENCHMARKS.md is replaced, the rest kept.
+pub fn run_kmsg() -> Result<()> {
+    let lib = nvml_sim_profile(true)?;
+    run_cmd(cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "junction",
+        "--bins",
+        "--examples",
+    ]))?;
+    let bin = root().join("target/release/junction");
+    let dir = root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let section = kmsg_report(&kmsg::run(&bin, &lib, false, &dir)?);
+    print!("{section}");
+    replace_section("\n## Kernel log\n", &section)?;
+    println!("wrote the kernel-log section of BENCHMARKS.md");
+    Ok(())
+}
+
 /// Replaces the BENCHMARKS.md section that starts with `heading` (appends it if absent).
 fn replace_section(heading: &str, section: &str) -> Result<()> {
     let path = root().join("BENCHMARKS.md");
