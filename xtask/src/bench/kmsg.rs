@@ -27,15 +27,15 @@ pub struct Figures {
 }
 
 const NOISE: &[&str] = &[
-    "[{i}.{j:06}] eth0: Link is Up - 100Gbps/Full - flow control rx/tx",
-    "[{i}.{j:06}] audit: type=1400 audit({i}.{j}:42): apparmor=\"DENIED\" operation=\"open\" profile=\"snap.x\" name=\"/proc/{i}/mounts\"",
-    "[{i}.{j:06}] EXT4-fs (nvme0n1p2): re-mounted. Quota mode: none.",
-    "[{i}.{j:06}] IPv6: ADDRCONF(NETDEV_CHANGE): ib0: link becomes ready",
-    "[{i}.{j:06}] nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver for UNIX platforms",
-    "[{i}.{j:06}] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15",
-    "[{i}.{j:06}] mlx5_core 0000:{b:02x}:00.0: E-Switch: Total vports 2, per vport: max uc(128) max mc(2048)",
-    "[{i}.{j:06}] systemd[1]: Started session-{i}.scope - Session {i} of User root.",
-    "[{i}.{j:06}] kauditd_printk_skb: 12 callbacks suppressed",
+    "eth0: Link is Up - 100Gbps/Full - flow control rx/tx",
+    "audit: type=1400 audit({i}.{j}:42): apparmor=\"DENIED\" operation=\"open\" profile=\"snap.x\" name=\"/proc/{i}/mounts\"",
+    "EXT4-fs (nvme0n1p2): re-mounted. Quota mode: none.",
+    "IPv6: ADDRCONF(NETDEV_CHANGE): ib0: link becomes ready",
+    "nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver for UNIX platforms",
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15",
+    "mlx5_core 0000:{b:02x}:00.0: E-Switch: Total vports 2, per vport: max uc(128) max mc(2048)",
+    "systemd[1]: Started session-{i}.scope - Session {i} of User root.",
+    "kauditd_printk_skb: 12 callbacks suppressed",
 ];
 
 /// A corpus of `n` lines, one in a thousand an XID or SXid, the rest kernel noise (a few of
@@ -47,13 +47,13 @@ fn corpus(n: u64, domain: u32) -> String {
         let line = if k % 1000 == 999 {
             match k % 3 {
                 0 => format!(
-                    "[{i}.{j:06}] NVRM: Xid (PCI:{domain:04x}:18:00): 13, pid={k}, name=python3, Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter"
+                    "NVRM: Xid (PCI:{domain:04x}:18:00): 13, pid={k}, name=python3, Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter"
                 ),
                 1 => format!(
-                    "[{i}.{j:06}] NVRM: Xid (PCI:{domain:04x}:18:00 GPU-I:03): 31, pid={k}, name=trainer, channel 0x0000000c, intr 00000000. MMU Fault"
+                    "NVRM: Xid (PCI:{domain:04x}:18:00 GPU-I:03): 31, pid={k}, name=trainer, channel 0x0000000c, intr 00000000. MMU Fault"
                 ),
                 _ => format!(
-                    "[{i}.{j:06}] nvidia-nvswitch1: SXid (PCI:{domain:04x}:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"
+                    "nvidia-nvswitch1: SXid (PCI:{domain:04x}:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"
                 ),
             }
         } else {

@@ -9,7 +9,37 @@ use regex::Regex;
 
 use crate::model::signatures::CATALOG;
 
+/// How every catalog line begins (the kernel message's first word), or, for AER messages
+/// (whose first word is the reporting driver's name), the text they all carry: the cheap
+/// test a line must pass before the literals are searched. The tests feed a real or
+/// composed line of every entry through [`find`], so an entry this misses fails them.
+const STARTS: &[&str] = &[
+    "NVRM: ",
+    "GSP task",
+    "nvidia",
+    "mlx5_core ",
+    "Out of memory",
+    "Memory cgroup out of memory",
+    "watchdog: ",
+    "BUG: soft lockup",
+    "NMI watchdog",
+    "INFO: task ",
+    "nvme nvme",
+    "EXT4-fs ",
+    "XFS (",
+];
+static AER: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(" AER: "));
+
+/// Whether `line` can be one of the catalog's.
+fn plausible(line: &str) -> bool {
+    STARTS.iter().any(|p| line.starts_with(p)) || AER.find(line.as_bytes()).is_some()
+}
+
 struct Matcher {
+    /// Whether any literal is there at all (leftmost-first: its search is the fast one).
+    any: AhoCorasick,
+    /// Every literal there, overlapping (only for lines `any` found one in).
     literals: AhoCorasick,
     /// Literal index → catalog index.
     owner: Vec<usize>,
@@ -26,6 +56,10 @@ static MATCHER: LazyLock<Matcher> = LazyLock::new(|| {
         }
     }
     Matcher {
+        any: AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostFirst)
+            .build(&lits)
+            .expect("the catalog's literals"),
         literals: AhoCorasick::builder()
             .match_kind(MatchKind::Standard)
             .build(&lits)
@@ -59,7 +93,13 @@ pub struct SigMatch<'a> {
 
 /// The first catalog entry (in catalog order) whose pattern matches `line`.
 pub fn find(line: &str) -> Option<SigMatch<'_>> {
+    if !plausible(line) {
+        return None;
+    }
     let m = &*MATCHER;
+    if !m.any.is_match(line) {
+        return None;
+    }
     let mut candidates: Vec<usize> = Vec::new();
     for hit in m.literals.find_overlapping_iter(line) {
         let i = m.owner[hit.pattern().as_usize()];

@@ -211,12 +211,17 @@ fn this_machines_kernel_ring_names_no_gpu_or_fabric_signature() {
             break;
         }
         let text = String::from_utf8_lossy(&buf[..n]);
-        let message = text
-            .split_once(';')
-            .map_or("", |(_, m)| m)
-            .lines()
+        let (head, body) = text.split_once(';').unwrap_or(("", ""));
+        // The kernel's own records only (facility 0): other tests write user records.
+        let prio: u32 = head
+            .split(',')
             .next()
-            .unwrap_or("");
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(u32::MAX);
+        if prio >> 3 != 0 {
+            continue;
+        }
+        let message = body.lines().next().unwrap_or("");
         records += 1;
         if let Some(m) = find(message) {
             let s = &CATALOG[m.sig];

@@ -1,0 +1,215 @@
+//! What the node remembers across reboots: an event history in the state directory
+//! (`history.jsonl`, one JSON object a line), keyed by the boot id, holding each GPU's XIDs,
+//! the NVSwitches' SXids, the kernel-log signatures and the health transitions, by GPU UUID
+//! (so that it follows a GPU that moved bus address). Appended one whole line per write;
+//! bounded by age (`health.history_max_age_secs`, 14 days) and size
+//! (`health.history_max_bytes`, 4 MiB): past the size, the oldest half is dropped and the file
+//! rewritten atomically. A line a kill cut short is skipped when the file is read: at most the
+//! last event is lost, and nothing else is.
+
+use std::collections::VecDeque;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use super::lock;
+
+/// The file's name in the state directory.
+pub const FILE: &str = "history.jsonl";
+
+/// One remembered event.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Entry {
+    /// Unix time, seconds.
+    pub t: f64,
+    /// The boot it happened in.
+    pub boot: String,
+    /// The GPU (UUID, or `PCI-…` for one NVML does not know), switch, component or `node`.
+    pub id: String,
+    /// `xid`, `sxid`, `signature`, `health`.
+    pub kind: String,
+    /// The XID or SXid code, the signature, or the new state and reason.
+    pub code: String,
+    /// The process, where the line named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// A sentence (at most 200 characters).
+    #[serde(default)]
+    pub detail: String,
+}
+
+impl Entry {
+    /// An entry now.
+    pub fn now(boot: &str, id: &str, kind: &str, code: impl Into<String>, detail: &str) -> Entry {
+        Entry {
+            t: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            boot: boot.chars().take(64).collect(),
+            id: id.chars().take(96).collect(),
+            kind: kind.into(),
+            code: code.into().chars().take(64).collect(),
+            pid: None,
+            detail: detail.chars().take(200).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    path: Option<PathBuf>,
+    file: Option<std::fs::File>,
+    entries: VecDeque<Entry>,
+    bytes: u64,
+}
+
+/// The history.
+#[derive(Debug)]
+pub struct History {
+    inner: Mutex<Inner>,
+    max_bytes: u64,
+    max_age: Duration,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self::new(4 << 20, Duration::from_secs(14 * 86400))
+    }
+}
+
+/// Reads a history file: every whole line that parses, oldest first.
+pub fn read(path: &Path) -> Vec<Entry> {
+    std::fs::read_to_string(path)
+        .map(|t| {
+            t.lines()
+                .filter_map(|l| serde_json::from_str::<Entry>(l).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl History {
+    /// An empty history that keeps nothing on disk until [`History::open`].
+    pub fn new(max_bytes: u64, max_age: Duration) -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            max_bytes: max_bytes.max(4096),
+            max_age,
+        }
+    }
+
+    /// Opens `dir/history.jsonl`: reads what it holds (within the bounds), rewrites it
+    /// compacted, and appends from then on. Without a directory nothing is kept on disk.
+    pub fn open(&self, dir: Option<&Path>) {
+        let mut i = lock(&self.inner);
+        let Some(dir) = dir else { return };
+        let path = dir.join(FILE);
+        i.entries = read(&path).into();
+        i.path = Some(path);
+        self.compact(&mut i);
+    }
+
+    /// Remembers an entry.
+    pub fn append(&self, e: Entry) {
+        let mut i = lock(&self.inner);
+        let Ok(mut line) = serde_json::to_string(&e) else {
+            return;
+        };
+        line.push('\n');
+        i.bytes += line.len() as u64;
+        i.entries.push_back(e);
+        if i.bytes > self.max_bytes {
+            self.compact(&mut i);
+            return;
+        }
+        if let Some(f) = i.file.as_mut()
+            && f.write_all(line.as_bytes()).is_err()
+        {
+            tracing::warn!("cannot append to the event history; it is kept in memory until the next rewrite");
+            i.file = None;
+        }
+    }
+
+    /// Drops what is past the age bound and the oldest entries past half the size bound,
+    /// then rewrites the file in one step (a temporary file renamed over it).
+    fn compact(&self, i: &mut Inner) {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let oldest = now - self.max_age.as_secs_f64();
+        i.entries.retain(|e| e.t >= oldest);
+        let lines: Vec<String> = i
+            .entries
+            .iter()
+            .filter_map(|e| serde_json::to_string(e).ok())
+            .collect();
+        let mut keep = lines.len();
+        let mut bytes: u64 = 0;
+        for (n, l) in lines.iter().enumerate().rev() {
+            if bytes + l.len() as u64 + 1 > self.max_bytes / 2 {
+                break;
+            }
+            bytes += l.len() as u64 + 1;
+            keep = n;
+        }
+        let drop = keep.min(i.entries.len());
+        i.entries.drain(..drop);
+        i.bytes = bytes;
+        let Some(path) = i.path.clone() else { return };
+        let tmp = path.with_extension("jsonl.tmp");
+        let text: String = lines[drop..].iter().map(|l| format!("{l}\n")).collect();
+        let written = std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .and_then(|()| std::fs::OpenOptions::new().append(true).open(&path));
+        match written {
+            Ok(f) => i.file = Some(f),
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot write the event history; it is kept in memory only");
+                i.file = None;
+            }
+        }
+    }
+
+    /// Every entry, oldest first.
+    pub fn entries(&self) -> Vec<Entry> {
+        lock(&self.inner).entries.iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_stays_in_its_bounds_and_a_torn_line_loses_only_itself() {
+        let dir = testkit::temp_dir();
+        let h = History::new(64 * 1024, Duration::from_secs(86400));
+        h.open(Some(&dir));
+        for n in 0..100_000u32 {
+            h.append(Entry::now("boot-a", "GPU-1", "xid", n.to_string(), "an XID"));
+        }
+        let size = std::fs::metadata(dir.join(FILE)).expect("file").len();
+        assert!(size <= 64 * 1024, "{size} bytes");
+        let on_disk = read(&dir.join(FILE));
+        assert_eq!(on_disk, h.entries(), "memory and file agree");
+        assert_eq!(on_disk.last().map(|e| e.code.as_str()), Some("99999"), "the newest kept");
+        // A kill in the middle of a write: half a line at the end.
+        let mut f = std::fs::OpenOptions::new().append(true).open(dir.join(FILE)).expect("open");
+        f.write_all(br#"{"t":1.0,"boot":"boot-a","id":"GPU-1","ki"#).expect("torn");
+        drop(f);
+        let h2 = History::new(64 * 1024, Duration::from_secs(86400));
+        h2.open(Some(&dir));
+        assert_eq!(h2.entries(), on_disk, "everything but the torn line");
+        h2.append(Entry::now("boot-b", "GPU-1", "xid", "48", "after"));
+        assert_eq!(read(&dir.join(FILE)).len(), on_disk.len() + 1, "the file was mended");
+        // Old entries age out.
+        let h3 = History::new(64 * 1024, Duration::from_secs(1));
+        let mut old = Entry::now("boot-0", "GPU-1", "xid", "48", "long ago");
+        old.t -= 10.0;
+        h3.open(Some(&dir));
+        h3.append(old);
+        h3.open(Some(&dir));
+        assert!(h3.entries().iter().all(|e| e.boot != "boot-0"));
+    }
+}
