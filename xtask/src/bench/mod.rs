@@ -603,7 +603,8 @@ fn otlp_report(results: &[Measurement]) -> String {
 fn kmsg_report(k: &kmsg::Figures) -> String {
     let mut out = String::from(
         "\n## Kernel log\n\n\
-         The parser alone on one thread, over a corpus where one line in a thousand is an XID or\n\
+         The parser alone on one thread, the signature catalog on (docs/HEALTH.md), over a corpus of\n\
+         /dev/kmsg messages where one line in a thousand is an XID or\n\
          SXid and the rest kernel noise (some of it `NVRM:` lines that are not XIDs); the file path\n\
          end to end: lines appended at once to a followed file, timed until `/metrics` counts them\n\
          all (the counter is published five times a second, so short runs round up); the latency\n\
