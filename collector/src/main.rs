@@ -36,6 +36,20 @@ enum Command {
         #[arg(long, value_enum, default_value_t = InventoryFormat::Table)]
         format: InventoryFormat,
     },
+    /// What happened to each GPU across boots (XIDs, SXids, kernel-log signatures, health
+    /// transitions), from the state directory's event history; works whether the agent runs
+    /// or not.
+    History {
+        /// Only this GPU (its UUID, or `PCI-…` for one NVML did not list).
+        #[arg(long)]
+        gpu: Option<String>,
+        /// Only what is younger than this (e.g. "3d", "12h", "30m").
+        #[arg(long, default_value = "14d")]
+        since: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = InventoryFormat::Table)]
+        format: InventoryFormat,
+    },
     /// Check the configuration and report every problem (exit code 2 if any).
     Validate,
     /// Ask a running agent's `/healthz` (the container HEALTHCHECK): exit 0 when every source
@@ -97,6 +111,7 @@ fn main() -> ExitCode {
         Some(
             Command::Once { .. }
                 | Command::Inventory { .. }
+                | Command::History { .. }
                 | Command::Validate
                 | Command::Healthcheck { .. }
         )
@@ -141,6 +156,9 @@ fn main() -> ExitCode {
         Command::Run => cli::run(config),
         Command::Once { format } => cli::once(config, format),
         Command::Inventory { format } => cli::inventory(config, format),
+        Command::History { gpu, since, format } => {
+            cli::history(&config, gpu.as_deref(), &since, format)
+        }
         Command::Healthcheck { url, timeout } => {
             return match cli::healthcheck(&config, url, std::time::Duration::from_secs(timeout)) {
                 Ok(answer) => {

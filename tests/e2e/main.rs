@@ -11,6 +11,7 @@ mod ebpf;
 mod fabric;
 mod faults;
 mod health;
+mod history;
 mod hostile;
 mod kmsg;
 mod kmsg_signatures;

@@ -323,6 +323,38 @@ pub fn inventory(config: Config, format: InventoryFormat) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// `junction history`: the state directory's event history, filtered.
+pub fn history(
+    config: &Config,
+    gpu: Option<&str>,
+    since: &str,
+    format: InventoryFormat,
+) -> anyhow::Result<()> {
+    let window = humantime::parse_duration(since)
+        .map_err(|e| anyhow::anyhow!("--since {since:?}: {e} (write e.g. 3d, 12h or 30m)"))?;
+    let path = config.state_dir.join(crate::model::history::FILE);
+    if !path.exists() {
+        anyhow::bail!(
+            "{} does not exist: the agent has recorded nothing there yet (state_dir = {:?})",
+            path.display(),
+            config.state_dir.display().to_string()
+        );
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let from = now.saturating_sub(window.as_millis() as u64);
+    let entries: Vec<_> = crate::model::history::read(&path)
+        .into_iter()
+        .filter(|e| e.ms >= from && gpu.is_none_or(|g| e.id == g))
+        .collect();
+    match format {
+        InventoryFormat::Json => println!("{}", serde_json::to_string_pretty(&entries)?),
+        InventoryFormat::Table => print!("{}", render::history_table(&entries)),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

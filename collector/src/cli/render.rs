@@ -357,6 +357,37 @@ fn clip(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
 }
 
+/// `junction history`: one line per event, each boot's first line saying which boot it is.
+pub fn history_table(entries: &[crate::model::history::Entry]) -> String {
+    let mut out = String::new();
+    let mut boot = None;
+    for e in entries {
+        if boot != Some(e.boot.as_str()) {
+            boot = Some(e.boot.as_str());
+            let _ = writeln!(
+                out,
+                "boot {}",
+                if e.boot.is_empty() { "-" } else { &e.boot }
+            );
+        }
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(e.ms);
+        let pid = e.pid.map(|p| format!(" pid {p}")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {}  {:<44} {:<9} {:<24}{pid}  {}",
+            humantime::format_rfc3339_seconds(t),
+            e.id,
+            e.kind,
+            e.code,
+            e.detail
+        );
+    }
+    if entries.is_empty() {
+        out.push_str("nothing recorded in this window\n");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     /// Names from a BMC are cut at a character (`truncate` inside one panicked).

@@ -133,6 +133,10 @@ closed_set! {
         RmInitFailed = "rm_init_failed",
         /// Kernel log: a fatal PCIe AER error on the GPU's path.
         PcieFatalLogged = "pcie_fatal_logged",
+        /// History: the same failure on the GPU in two or more boots.
+        HardwareInspection = "hardware_inspection",
+        /// History: one XID too many times, or from too many processes.
+        XidRepeated = "xid_repeated",
     }
 }
 

@@ -21,8 +21,8 @@ pub const FILE: &str = "history.jsonl";
 /// One remembered event.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Entry {
-    /// Unix time, seconds.
-    pub t: f64,
+    /// Unix time, milliseconds (an integer, so that it reads back as written).
+    pub ms: u64,
     /// The boot it happened in.
     pub boot: String,
     /// The GPU (UUID, or `PCI-…` for one NVML does not know), switch, component or `node`.
@@ -43,9 +43,9 @@ impl Entry {
     /// An entry now.
     pub fn now(boot: &str, id: &str, kind: &str, code: impl Into<String>, detail: &str) -> Entry {
         Entry {
-            t: SystemTime::now()
+            ms: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64()),
+                .map_or(0, |d| d.as_millis() as u64),
             boot: boot.chars().take(64).collect(),
             id: id.chars().take(96).collect(),
             kind: kind.into(),
@@ -107,7 +107,7 @@ impl History {
         let path = dir.join(FILE);
         i.entries = read(&path).into();
         i.path = Some(path);
-        self.compact(&mut i);
+        self.compact(&mut i, self.max_bytes);
     }
 
     /// Remembers an entry.
@@ -120,25 +120,27 @@ impl History {
         i.bytes += line.len() as u64;
         i.entries.push_back(e);
         if i.bytes > self.max_bytes {
-            self.compact(&mut i);
+            self.compact(&mut i, self.max_bytes / 2);
             return;
         }
         if let Some(f) = i.file.as_mut()
             && f.write_all(line.as_bytes()).is_err()
         {
-            tracing::warn!("cannot append to the event history; it is kept in memory until the next rewrite");
+            tracing::warn!(
+                "cannot append to the event history; it is kept in memory until the next rewrite"
+            );
             i.file = None;
         }
     }
 
-    /// Drops what is past the age bound and the oldest entries past half the size bound,
-    /// then rewrites the file in one step (a temporary file renamed over it).
-    fn compact(&self, i: &mut Inner) {
+    /// Drops what is past the age bound and the oldest entries past `target` bytes, then
+    /// rewrites the file in one step (a temporary file renamed over it).
+    fn compact(&self, i: &mut Inner, target: u64) {
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        let oldest = now - self.max_age.as_secs_f64();
-        i.entries.retain(|e| e.t >= oldest);
+            .map_or(0, |d| d.as_millis() as u64);
+        let oldest = now.saturating_sub(self.max_age.as_millis() as u64);
+        i.entries.retain(|e| e.ms >= oldest);
         let lines: Vec<String> = i
             .entries
             .iter()
@@ -147,7 +149,7 @@ impl History {
         let mut keep = lines.len();
         let mut bytes: u64 = 0;
         for (n, l) in lines.iter().enumerate().rev() {
-            if bytes + l.len() as u64 + 1 > self.max_bytes / 2 {
+            if bytes + l.len() as u64 + 1 > target {
                 break;
             }
             bytes += l.len() as u64 + 1;
@@ -187,26 +189,52 @@ mod tests {
         let h = History::new(64 * 1024, Duration::from_secs(86400));
         h.open(Some(&dir));
         for n in 0..100_000u32 {
-            h.append(Entry::now("boot-a", "GPU-1", "xid", n.to_string(), "an XID"));
+            h.append(Entry::now(
+                "boot-a",
+                "GPU-1",
+                "xid",
+                n.to_string(),
+                "an XID",
+            ));
         }
         let size = std::fs::metadata(dir.join(FILE)).expect("file").len();
         assert!(size <= 64 * 1024, "{size} bytes");
         let on_disk = read(&dir.join(FILE));
-        assert_eq!(on_disk, h.entries(), "memory and file agree");
-        assert_eq!(on_disk.last().map(|e| e.code.as_str()), Some("99999"), "the newest kept");
+        let mem = h.entries();
+        assert_eq!(on_disk.len(), mem.len(), "memory and file hold as many");
+        let differ = on_disk.iter().zip(&mem).position(|(a, b)| a != b);
+        assert_eq!(
+            differ,
+            None,
+            "memory and file agree: {:?}",
+            differ.map(|i| (&on_disk[i], &mem[i]))
+        );
+        assert_eq!(
+            on_disk.last().map(|e| e.code.as_str()),
+            Some("99999"),
+            "the newest kept"
+        );
         // A kill in the middle of a write: half a line at the end.
-        let mut f = std::fs::OpenOptions::new().append(true).open(dir.join(FILE)).expect("open");
-        f.write_all(br#"{"t":1.0,"boot":"boot-a","id":"GPU-1","ki"#).expect("torn");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join(FILE))
+            .expect("open");
+        f.write_all(br#"{"ms":1000,"boot":"boot-a","id":"GPU-1","ki"#)
+            .expect("torn");
         drop(f);
         let h2 = History::new(64 * 1024, Duration::from_secs(86400));
         h2.open(Some(&dir));
-        assert_eq!(h2.entries(), on_disk, "everything but the torn line");
+        assert!(h2.entries() == on_disk, "everything but the torn line");
         h2.append(Entry::now("boot-b", "GPU-1", "xid", "48", "after"));
-        assert_eq!(read(&dir.join(FILE)).len(), on_disk.len() + 1, "the file was mended");
+        assert_eq!(
+            read(&dir.join(FILE)).len(),
+            on_disk.len() + 1,
+            "the file was mended"
+        );
         // Old entries age out.
         let h3 = History::new(64 * 1024, Duration::from_secs(1));
         let mut old = Entry::now("boot-0", "GPU-1", "xid", "48", "long ago");
-        old.t -= 10.0;
+        old.ms -= 10_000;
         h3.open(Some(&dir));
         h3.append(old);
         h3.open(Some(&dir));

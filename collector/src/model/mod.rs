@@ -5,6 +5,7 @@ pub mod bmc;
 pub mod events;
 pub mod fabric;
 pub mod health;
+pub mod history;
 pub mod processes;
 pub mod registry;
 pub mod signatures;
@@ -202,6 +203,8 @@ pub struct Model {
     pub health: health::Health,
     /// What the NICs and the PCIe bus say about each GPU, and each GPU's rail.
     pub fabric: fabric::Fabric,
+    /// What happened to each GPU across boots (the state directory's `history.jsonl`).
+    pub history: history::History,
     /// XID counters and checkpoints.
     pub xids: xid::Xids,
     /// Who each pid is (name, container, pod), shared by per-process sources.
@@ -359,12 +362,41 @@ impl Model {
             action,
             since: std::time::SystemTime::now(),
         };
+        let detail = reason.detail.clone();
+        // Every reason that is new to the GPU is remembered, whether or not its state moves.
+        let new = !self.health.reasons(hw_id).iter().any(|r| r.code == code);
         self.health.raise(&self.events, hw_id, reason);
+        if new {
+            self.remember(
+                hw_id,
+                "health",
+                format!("{}:{}", state.as_str(), code.as_str()),
+                &detail,
+            );
+        }
     }
 
     /// Clears a health reason of the GPU `hw_id`.
     pub fn clear(&self, hw_id: &str, code: health::Code) {
+        let had = self.health.reasons(hw_id).iter().any(|r| r.code == code);
         self.health.clear(&self.events, hw_id, code);
+        if had {
+            let now = health::verdict(&self.health.reasons(hw_id));
+            self.remember(
+                hw_id,
+                "health",
+                format!("{}:{}-cleared", now.as_str(), code.as_str()),
+                "",
+            );
+        }
+    }
+}
+
+impl Model {
+    /// Appends to the event history.
+    pub fn remember(&self, id: &str, kind: &str, code: impl Into<String>, detail: &str) {
+        self.history
+            .append(history::Entry::now(&self.boot_id(), id, kind, code, detail));
     }
 }
 

@@ -34,7 +34,6 @@ impl StateDir {
     }
 
     /// The directory, if usable.
-    #[cfg(test)]
     pub fn path(&self) -> Option<&Path> {
         self.dir.as_deref()
     }

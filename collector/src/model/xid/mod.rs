@@ -168,8 +168,14 @@ impl Model {
                 ..saved
             };
         }
+        self.history.open(state.path());
         *lock(&self.xids.state) = Some(state);
         self.publish_xids();
+    }
+
+    /// The boot this agent runs in (as the state directory was opened with).
+    pub fn boot_id(&self) -> String {
+        lock(&self.xids.inner).saved.boot_id.clone()
     }
 
     /// The `/dev/kmsg` sequence number to read from (0: the whole ring of this boot).
@@ -280,6 +286,15 @@ impl Model {
             id
         };
         self.events.append(self.xid_event(&r, code, &id));
+        let mut e = crate::model::history::Entry::now(
+            &self.boot_id(),
+            &id,
+            "xid",
+            code.to_string(),
+            &r.message,
+        );
+        e.pid = r.pid;
+        self.history.append(e);
         self.xid_health(&r, code, &id);
         self.publish_xids();
         true
@@ -402,7 +417,7 @@ impl Model {
         message: String,
     ) -> bool {
         let severity = policy::sxid_severity(fatal);
-        let id = {
+        let id: String = {
             let mut i = lock(&self.xids.inner);
             let id = i.sxid_counter_id(switch_pci);
             if i.window
@@ -422,7 +437,7 @@ impl Model {
             "gpu.sxid",
             message,
         )
-        .about(id)
+        .about(id.clone())
         .with("hw.type", "nvswitch")
         .with("gpu.sxid", code.to_string())
         .with("gpu.sxid.severity", severity)
@@ -431,6 +446,7 @@ impl Model {
         if let Some(l) = link {
             e = e.with("gpu.nvlink.link", l.to_string());
         }
+        self.remember(&id, "sxid", format!("{code}:{severity}"), &e.body);
         self.events.append(e);
         self.publish_xids();
         true

@@ -163,6 +163,15 @@ impl Model {
             }
             due
         };
+        let mut h = crate::model::history::Entry::now(
+            &self.boot_id(),
+            gpus.first().map_or(component.as_str(), String::as_str),
+            "signature",
+            sig.id,
+            &r.message,
+        );
+        h.pid = r.pid;
+        self.history.append(h);
         if first_event {
             self.events
                 .append(self.signature_event(&r, sig, &component, &gpus));

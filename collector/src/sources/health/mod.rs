@@ -10,6 +10,7 @@
 //! agent restarts. Forecasts (`forecast.rs`) need `persist` evaluations in a row under the
 //! horizon before they count.
 
+pub mod escalation;
 pub mod forecast;
 pub mod rules;
 
@@ -46,6 +47,16 @@ config_section! {
         pub forecast_gate_celsius: f64 = 25.0,
         /// Corrected ECC errors per hour from which a rising rate is a reason (degraded at most).
         pub ecc_rising_per_hour: f64 = 100.0,
+        /// The same hardware or driver XID (or fatal kernel-log signature) on a GPU in two
+        /// boots within this many seconds fails it for inspection (GPUd: 3 days).
+        pub escalate_boots_window_secs: u64 = 259200,
+        /// One XID this many times on a GPU within `xid_repeat_window_secs` degrades it
+        /// (NVSentinel: 5 in a day).
+        pub xid_repeat_count: u32 = 5,
+        /// See `xid_repeat_count`.
+        pub xid_repeat_window_secs: u64 = 86400,
+        /// Xid 13 or 31 from this many processes on one GPU within the window: the GPU's.
+        pub xid_repeat_processes: u32 = 3,
     }
 }
 
@@ -136,6 +147,20 @@ impl Evaluator {
         // Node-wide cooling: BMC readings past their thresholds, leaks, coolant forecasts.
         let cooling = self.cooling(model, t, &mut out);
         let xid_counts = xid_counts(model);
+        // What the history across boots says.
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let escalated = escalation::escalations(
+            &model.history.entries(),
+            unix,
+            &escalation::Params {
+                boots_window_secs: self.cfg.escalate_boots_window_secs as f64,
+                repeat_count: self.cfg.xid_repeat_count.max(1),
+                repeat_window_secs: self.cfg.xid_repeat_window_secs as f64,
+                processes: self.cfg.xid_repeat_processes.max(1),
+            },
+        );
         let hold = Duration::from_secs(self.cfg.clear_after_secs);
         for slot in model.snapshot() {
             let uuid = slot.info.uuid.clone();
@@ -152,6 +177,7 @@ impl Evaluator {
             findings.extend(cooling.iter().cloned());
             // The NICs of its rail and its PCIe path (the nic and pcie sources).
             findings.extend(model.fabric.findings(&slot.info.pci_bus_id));
+            findings.extend(escalated.get(&uuid).cloned().unwrap_or_default());
             findings.extend(st.forecasts(&slot, t, (&self.params, &self.cfg), &mut out));
             st.settle(model, &uuid, findings, now, hold);
             // The action series: one per GPU.

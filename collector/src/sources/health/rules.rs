@@ -65,6 +65,8 @@ pub const CODES: &[Code] = &[
     Code::PcieAerFatal,
     Code::PcieAerNonfatal,
     Code::PcieLinkDegraded,
+    Code::HardwareInspection,
+    Code::XidRepeated,
 ];
 
 /// The samples of a slot.
