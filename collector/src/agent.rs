@@ -38,6 +38,13 @@ pub type Once = fn(Arc<Config>, Arc<Model>) -> BoxFuture<anyhow::Result<()>>;
 /// Says how a component stands (attached, off and why) for `junction inventory`.
 pub type Inspect = fn(Arc<Config>, Arc<Model>) -> BoxFuture<()>;
 
+/// What a source's one collection returns when there is nothing of its kind on this host (no
+/// RDMA device, no NVIDIA function on the bus): `junction once` then counts it as not run,
+/// neither a success nor a failure.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NothingHere(pub String);
+
 /// A source or a sink.
 pub struct Component {
     /// Its name (`junction.source`, the config table's name).

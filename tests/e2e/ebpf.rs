@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::otlp::{Receiver, attr, attr_int};
+use crate::support::otlp::{Receiver, records};
 use crate::support::{self, Agent, EBPF_OFF, parse, value};
 
 const MIB: u64 = 1 << 20;
@@ -335,25 +335,8 @@ fn process_events(
     event: &str,
     pid: u32,
 ) -> Vec<std::collections::BTreeMap<String, String>> {
-    r.logs
-        .iter()
-        .flat_map(|l| &l.resource_logs)
-        .flat_map(|rl| &rl.scope_logs)
-        .flat_map(|sl| &sl.log_records)
-        .filter(|lr| lr.event_name == event)
-        .map(|lr| {
-            lr.attributes
-                .iter()
-                .filter_map(|kv| {
-                    let v = attr(std::slice::from_ref(kv), &kv.key)
-                        .map(str::to_string)
-                        .or_else(|| {
-                            attr_int(std::slice::from_ref(kv), &kv.key).map(|i| i.to_string())
-                        })?;
-                    Some((kv.key.clone(), v))
-                })
-                .collect::<std::collections::BTreeMap<_, _>>()
-        })
+    records(r, event)
+        .into_iter()
         .filter(|a| a.get("process.pid") == Some(&pid.to_string()))
         .collect()
 }

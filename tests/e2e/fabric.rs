@@ -15,13 +15,8 @@ use testkit::sysfs::{self as tree, Node};
 const BUSES: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
 
 fn config(port: u16, node: &Node) -> String {
-    support::sim_config("current", port, "").replace(
-        &format!(
-            "sysfs_root = {:?}",
-            support::empty_sys().display().to_string()
-        ),
-        &format!("sysfs_root = {:?}", node.tree.root.display().to_string()),
-    ) + "\n[sources.nic]\ninterval_secs = 1\nexpected_rate_gbps = 400\n\
+    support::with_sysfs_root(&support::sim_config("current", port, ""), &node.tree.root)
+        + "\n[sources.nic]\ninterval_secs = 1\nexpected_rate_gbps = 400\n\
          \n[sources.pcie]\ninterval_secs = 1\nlink_grace_secs = 2\n\
          \n[health]\ninterval_secs = 1\n"
 }

@@ -6,36 +6,20 @@
 
 use std::time::Duration;
 
-use crate::support::otlp::{Receiver, attr};
+use crate::support::otlp::{Receiver, records};
 use crate::support::{self, Agent, parse, value};
 use testkit::sysfs::hgx;
 
 const BUSES: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
 
-/// The attributes of every `kmsg.signature` log record named `sig`.
+/// Every `kmsg.signature` log record of the signature `sig`.
 fn events(
     r: &crate::support::otlp::Received,
     sig: &str,
 ) -> Vec<std::collections::BTreeMap<String, String>> {
-    r.logs
-        .iter()
-        .flat_map(|l| &l.resource_logs)
-        .flat_map(|rl| &rl.scope_logs)
-        .flat_map(|sl| &sl.log_records)
-        .filter(|lr| lr.event_name == "kmsg.signature")
-        .filter(|lr| attr(&lr.attributes, "kmsg.signature") == Some(sig))
-        .map(|lr| {
-            let mut a: std::collections::BTreeMap<String, String> = lr
-                .attributes
-                .iter()
-                .filter_map(|kv| {
-                    let v = attr(std::slice::from_ref(kv), &kv.key)?;
-                    Some((kv.key.clone(), v.to_string()))
-                })
-                .collect();
-            a.insert("body".into(), crate::support::otlp::body(&lr.body));
-            a
-        })
+    records(r, "kmsg.signature")
+        .into_iter()
+        .filter(|a| a.get("kmsg.signature").map(String::as_str) == Some(sig))
         .collect()
 }
 
@@ -48,12 +32,9 @@ fn signatures_through_dev_kmsg_reach_the_right_gpu_process_and_node() {
     let rx = Receiver::start();
     let port = support::free_port();
     let state = support::temp_dir().join("state");
-    let cfg = crate::kmsg::config(port, &state, "accept_user_records = true").replace(
-        &format!(
-            "sysfs_root = {:?}",
-            support::empty_sys().display().to_string()
-        ),
-        &format!("sysfs_root = {:?}", node.tree.root.display().to_string()),
+    let cfg = support::with_sysfs_root(
+        &crate::kmsg::config(port, &state, "accept_user_records = true"),
+        &node.tree.root,
     ) + &format!(
         "\n[sources.pcie]\ninterval_secs = 1\n\n[sinks.otlp]\nenabled = true\ninterval_secs = 1\nendpoint = {:?}\nprotocol = \"http/protobuf\"\n",
         rx.http_url()

@@ -424,13 +424,7 @@ fn with_sysfs(config: String, faulty: bool) -> String {
         testkit::sysfs::set(&p.join("state"), "1: DOWN");
         testkit::sysfs::set(&p.join("phys_state"), "3: Disabled");
     }
-    config.replace(
-        &format!(
-            "sysfs_root = {:?}",
-            support::empty_sys().display().to_string()
-        ),
-        &format!("sysfs_root = {:?}", node.tree.root.display().to_string()),
-    )
+    support::with_sysfs_root(&config, &node.tree.root)
 }
 
 fn junction_config(port: u16, cdu: u16, kern: &Path) -> String {

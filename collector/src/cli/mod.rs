@@ -268,8 +268,11 @@ fn collect_once(config: Config, inspect: bool) -> anyhow::Result<Arc<Model>> {
         for source in sources::ALL.iter().filter(|s| (s.enabled)(&config)) {
             let Some(once) = source.once else { continue };
             ran += 1;
-            if let Err(e) = once(config.clone(), model.clone()).await {
-                failures.push(format!("{} source failed: {e:#}", source.name));
+            match once(config.clone(), model.clone()).await {
+                Ok(()) => {}
+                // Nothing of its kind here: not run.
+                Err(e) if e.downcast_ref::<crate::agent::NothingHere>().is_some() => ran -= 1,
+                Err(e) => failures.push(format!("{} source failed: {e:#}", source.name)),
             }
         }
         for c in sources::ALL.iter().filter(|s| (s.enabled)(&config)) {

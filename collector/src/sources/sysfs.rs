@@ -158,6 +158,36 @@ pub fn affinity(a: &PciPath, b: &PciPath) -> Option<(Affinity, usize)> {
     Some((a, shared))
 }
 
+/// Runs `poll` every `interval` until shutdown, one poll at a time on the blocking pool
+/// (directory reads are blocking I/O), the state carried from one to the next; a poll that
+/// panics is logged and the next starts from a fresh state. The source is up while it runs.
+pub async fn run_blocking<S: Default + Send + 'static>(
+    name: &'static str,
+    interval: std::time::Duration,
+    ctx: crate::agent::Ctx,
+    poll: impl Fn(&mut S) + Send + Sync + 'static,
+) {
+    let poll = std::sync::Arc::new(poll);
+    let mut state = S::default();
+    ctx.model.set_source_up(name, true);
+    let mut ticks = ctx.shutdown.ticks(interval);
+    while ticks.next().await {
+        let p = poll.clone();
+        match tokio::task::spawn_blocking(move || {
+            p(&mut state);
+            state
+        })
+        .await
+        {
+            Ok(s) => state = s,
+            Err(e) => {
+                tracing::error!(source = name, error = %e, "a poll panicked; starting over");
+                state = S::default();
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -62,6 +62,14 @@ pub fn empty_sys() -> PathBuf {
     dir
 }
 
+/// A [`sim_config`] whose `sysfs_root` is `root` instead of the empty tree.
+pub fn with_sysfs_root(config: &str, root: &Path) -> String {
+    config.replace(
+        &format!("sysfs_root = {:?}", empty_sys().display().to_string()),
+        &format!("sysfs_root = {:?}", root.display().to_string()),
+    )
+}
+
 /// What [`sim_config`] says about eBPF: off, so that tests of other parts do not each load
 /// BPF programs (the eBPF tests replace this table).
 pub const EBPF_OFF: &str = "[sources.ebpf]\nenabled = false\n";

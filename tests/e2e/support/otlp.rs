@@ -403,3 +403,30 @@ pub fn test_ca() -> TestCa {
         },
     }
 }
+
+/// Every log record named `event`, as its attributes (strings and integers as text) and its
+/// body (under `body`).
+pub fn records(r: &Received, event: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    r.logs
+        .iter()
+        .flat_map(|l| &l.resource_logs)
+        .flat_map(|rl| &rl.scope_logs)
+        .flat_map(|sl| &sl.log_records)
+        .filter(|lr| lr.event_name == event)
+        .map(|lr| {
+            let mut a: std::collections::BTreeMap<String, String> = lr
+                .attributes
+                .iter()
+                .filter_map(|kv| {
+                    let one = std::slice::from_ref(kv);
+                    let v = attr(one, &kv.key)
+                        .map(str::to_string)
+                        .or_else(|| attr_int(one, &kv.key).map(|i| i.to_string()))?;
+                    Some((kv.key.clone(), v))
+                })
+                .collect();
+            a.insert("body".into(), body(&lr.body));
+            a
+        })
+        .collect()
+}

@@ -94,6 +94,9 @@ pub const COMPONENT: Component = Component {
         Box::pin(async move {
             let mut s = State::default();
             s.poll(&c, &model, Instant::now());
+            if s.ports.is_empty() {
+                return Err(crate::agent::NothingHere("no RDMA devices".into()).into());
+            }
             Ok(())
         })
     }),
@@ -103,25 +106,11 @@ pub const COMPONENT: Component = Component {
 
 async fn run(config: Arc<Config>, ctx: Ctx) {
     let interval = Duration::from_secs(config.sources.nic.interval_secs.max(1));
-    let mut state = State::default();
-    ctx.model.set_source_up("nic", true);
-    let mut ticks = ctx.shutdown.ticks(interval);
-    while ticks.next().await {
-        let (c, m) = (config.clone(), ctx.model.clone());
-        // Directory reads are blocking I/O: off the async workers.
-        let polled = tokio::task::spawn_blocking(move || {
-            state.poll(&c, &m, Instant::now());
-            state
-        })
-        .await;
-        match polled {
-            Ok(s) => state = s,
-            Err(e) => {
-                tracing::error!(error = %e, "the nic poll panicked; starting over");
-                state = State::default();
-            }
-        }
-    }
+    let model = ctx.model.clone();
+    crate::sources::sysfs::run_blocking("nic", interval, ctx, move |s: &mut State| {
+        s.poll(&config, &model, Instant::now());
+    })
+    .await;
 }
 
 /// At most this many ports are tracked (those of devices that came and went included).

@@ -56,7 +56,14 @@ pub const COMPONENT: Component = Component {
     once: Some(|c, model| {
         Box::pin(async move {
             model.wait_inventory(Duration::from_secs(5));
-            State::default().poll(&c, &model, Instant::now());
+            let mut s = State::default();
+            s.poll(&c, &model, Instant::now());
+            if s.functions == 0 {
+                return Err(crate::agent::NothingHere(
+                    "no NVIDIA GPU, NVSwitch or RDMA NIC on the PCI bus".into(),
+                )
+                .into());
+            }
             Ok(())
         })
     }),
@@ -66,26 +73,13 @@ pub const COMPONENT: Component = Component {
 
 async fn run(config: Arc<Config>, ctx: Ctx) {
     let interval = Duration::from_secs(config.sources.pcie.interval_secs.max(1));
-    let mut state = State::default();
-    ctx.model.set_source_up("pcie", true);
-    let mut ticks = ctx.shutdown.ticks(interval);
-    while ticks.next().await {
-        let (c, m) = (config.clone(), ctx.model.clone());
-        let polled = tokio::task::spawn_blocking(move || {
-            // GPUs on the bus are compared with NVML's list once NVML has made it.
-            m.wait_inventory(Duration::from_secs(30));
-            state.poll(&c, &m, Instant::now());
-            state
-        })
-        .await;
-        match polled {
-            Ok(s) => state = s,
-            Err(e) => {
-                tracing::error!(error = %e, "the pcie poll panicked; starting over");
-                state = State::default();
-            }
-        }
-    }
+    let model = ctx.model.clone();
+    crate::sources::sysfs::run_blocking("pcie", interval, ctx, move |s: &mut State| {
+        // GPUs on the bus are compared with NVML's list once NVML has made it.
+        model.wait_inventory(Duration::from_secs(30));
+        s.poll(&config, &model, Instant::now());
+    })
+    .await;
 }
 
 /// At most this many counters are kept (functions that came and went included).
@@ -98,6 +92,8 @@ pub struct State {
     slow_since: BTreeMap<String, Instant>,
     absent: BTreeSet<String>,
     missing_said: bool,
+    /// Functions of the last read (GPUs, NVSwitches, NICs and the ports above them).
+    functions: usize,
 }
 
 impl State {
@@ -121,6 +117,7 @@ impl State {
     pub fn poll(&mut self, config: &Config, model: &Model, now: Instant) {
         let cfg = &config.sources.pcie;
         let functions = read::functions(&config.sysfs_root);
+        self.functions = functions.len();
         let nvml: BTreeMap<String, String> = model
             .snapshot()
             .into_iter()
