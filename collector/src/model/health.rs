@@ -209,6 +209,11 @@ pub fn action<'a>(reasons: impl IntoIterator<Item = &'a Reason>) -> Action {
 impl Health {
     /// Raises (or updates) a reason; returns true if the GPU's state changed.
     pub fn raise(&self, events: &EventLog, hw_id: &str, reason: Reason) -> bool {
+        self.raise_reason(events, hw_id, reason).0
+    }
+
+    /// Raises (or updates) a reason; returns (the GPU's state changed, the reason is new).
+    pub fn raise_reason(&self, events: &EventLog, hw_id: &str, reason: Reason) -> (bool, bool) {
         let mut all = lock(&self.reasons);
         let entry = all.entry(hw_id.to_string()).or_default();
         let before = verdict(entry.values());
@@ -230,19 +235,20 @@ impl Health {
             drop(all);
             events.append(e);
         }
-        before != after
+        (before != after, new)
     }
 
     /// Clears a reason; returns true if the GPU's state changed.
     pub fn clear(&self, events: &EventLog, hw_id: &str, code: Code) -> bool {
+        self.clear_reason(events, hw_id, code).unwrap_or(false)
+    }
+
+    /// Clears a reason; `None` if the GPU did not have it, else whether its state changed.
+    pub fn clear_reason(&self, events: &EventLog, hw_id: &str, code: Code) -> Option<bool> {
         let mut all = lock(&self.reasons);
-        let Some(entry) = all.get_mut(hw_id) else {
-            return false;
-        };
+        let entry = all.get_mut(hw_id)?;
         let before = verdict(entry.values());
-        let Some(gone) = entry.remove(&code) else {
-            return false;
-        };
+        let gone = entry.remove(&code)?;
         let after = verdict(entry.values());
         let body = format!("{} cleared: {}", gone.code, gone.detail);
         let e = transition(hw_id, before, after, body, None)
@@ -252,7 +258,7 @@ impl Health {
         }
         drop(all);
         events.append(e);
-        before != after
+        Some(before != after)
     }
 
     /// Puts back a reason saved before a restart, without an event (it is not news).

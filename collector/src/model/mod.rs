@@ -364,8 +364,7 @@ impl Model {
         };
         let detail = reason.detail.clone();
         // Every reason that is new to the GPU is remembered, whether or not its state moves.
-        let new = !self.health.reasons(hw_id).iter().any(|r| r.code == code);
-        self.health.raise(&self.events, hw_id, reason);
+        let (_, new) = self.health.raise_reason(&self.events, hw_id, reason);
         if new {
             self.remember(
                 hw_id,
@@ -378,9 +377,11 @@ impl Model {
 
     /// Clears a health reason of the GPU `hw_id`.
     pub fn clear(&self, hw_id: &str, code: health::Code) {
-        let had = self.health.reasons(hw_id).iter().any(|r| r.code == code);
-        self.health.clear(&self.events, hw_id, code);
-        if had {
+        if self
+            .health
+            .clear_reason(&self.events, hw_id, code)
+            .is_some()
+        {
             let now = health::verdict(&self.health.reasons(hw_id));
             self.remember(
                 hw_id,
