@@ -81,6 +81,10 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     let mut signals = Signals::new();
     let model = Model::new();
     model.processes.set_proc_root(config.proc_root.clone());
+    model.history.set_bounds(
+        config.health.history_max_bytes,
+        std::time::Duration::from_secs(config.health.history_max_age_secs),
+    );
     model.open_state(&config.state_dir, &config.proc_root);
     let (stop_sources, stop_sinks) = (Shutdown::default(), Shutdown::default());
     // Nothing reads untrusted input until the capabilities it does not need are gone.

@@ -46,6 +46,9 @@ pub struct Rail {
     pub device: String,
     /// How it was found.
     pub affinity: Affinity,
+    /// Its PCI function (`dddd:bb:dd.f`), where sysfs shows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pci: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -100,6 +103,19 @@ impl Fabric {
             .paths
             .iter()
             .filter(|(gpu, up)| **gpu == b || up.contains(&b))
+            .map(|(gpu, _)| gpu.clone())
+            .collect()
+    }
+
+    /// The GPUs (PCI addresses) whose rail holds the NIC at `bdf`.
+    pub fn gpus_on_rail_of(&self, bdf: &str) -> Vec<String> {
+        let Some(b) = normalize_bdf(bdf) else {
+            return Vec::new();
+        };
+        lock(&self.inner)
+            .rails
+            .iter()
+            .filter(|(_, rail)| rail.iter().any(|r| r.pci.as_deref() == Some(b.as_str())))
             .map(|(gpu, _)| gpu.clone())
             .collect()
     }

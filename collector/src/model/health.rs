@@ -137,6 +137,8 @@ closed_set! {
         HardwareInspection = "hardware_inspection",
         /// History: one XID too many times, or from too many processes.
         XidRepeated = "xid_repeated",
+        /// History: the same reason came back after several reboots within a week.
+        ResetsIneffective = "resets_ineffective",
     }
 }
 

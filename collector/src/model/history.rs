@@ -58,6 +58,8 @@ impl Entry {
 
 #[derive(Debug, Default)]
 struct Inner {
+    max_bytes: u64,
+    max_age: Duration,
     path: Option<PathBuf>,
     file: Option<std::fs::File>,
     entries: VecDeque<Entry>,
@@ -68,8 +70,6 @@ struct Inner {
 #[derive(Debug)]
 pub struct History {
     inner: Mutex<Inner>,
-    max_bytes: u64,
-    max_age: Duration,
 }
 
 impl Default for History {
@@ -93,10 +93,19 @@ impl History {
     /// An empty history that keeps nothing on disk until [`History::open`].
     pub fn new(max_bytes: u64, max_age: Duration) -> Self {
         Self {
-            inner: Mutex::new(Inner::default()),
-            max_bytes: max_bytes.max(4096),
-            max_age,
+            inner: Mutex::new(Inner {
+                max_bytes: max_bytes.max(4096),
+                max_age,
+                ..Inner::default()
+            }),
         }
+    }
+
+    /// Sets the bounds (before [`History::open`]).
+    pub fn set_bounds(&self, max_bytes: u64, max_age: Duration) {
+        let mut i = lock(&self.inner);
+        i.max_bytes = max_bytes.max(4096);
+        i.max_age = max_age;
     }
 
     /// Opens `dir/history.jsonl`: reads what it holds (within the bounds), rewrites it
@@ -107,7 +116,8 @@ impl History {
         let path = dir.join(FILE);
         i.entries = read(&path).into();
         i.path = Some(path);
-        self.compact(&mut i, self.max_bytes);
+        let max = i.max_bytes;
+        self.compact(&mut i, max);
     }
 
     /// Remembers an entry.
@@ -119,8 +129,9 @@ impl History {
         line.push('\n');
         i.bytes += line.len() as u64;
         i.entries.push_back(e);
-        if i.bytes > self.max_bytes {
-            self.compact(&mut i, self.max_bytes / 2);
+        if i.bytes > i.max_bytes {
+            let half = i.max_bytes / 2;
+            self.compact(&mut i, half);
             return;
         }
         if let Some(f) = i.file.as_mut()
@@ -139,7 +150,7 @@ impl History {
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let oldest = now.saturating_sub(self.max_age.as_millis() as u64);
+        let oldest = now.saturating_sub(i.max_age.as_millis() as u64);
         i.entries.retain(|e| e.ms >= oldest);
         let lines: Vec<String> = i
             .entries

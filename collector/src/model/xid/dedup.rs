@@ -31,6 +31,7 @@ pub fn channel(via: Via, bus_line: bool) -> u8 {
         Via::Kmsg => 0,
         Via::File => 1,
         Via::Nvml => 2,
+        Via::Crash => 3,
     };
     1 << (path * 2 + u8::from(bus_line))
 }

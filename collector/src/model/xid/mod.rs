@@ -52,6 +52,8 @@ pub enum Via {
     File,
     /// `nvmlEventSetWait`.
     Nvml,
+    /// A crash record of an earlier boot (pstore, kdump).
+    Crash,
 }
 
 impl Via {
@@ -61,6 +63,7 @@ impl Via {
             Via::Kmsg => "kmsg",
             Via::File => "file",
             Via::Nvml => "nvml",
+            Via::Crash => "crash_record",
         }
     }
 }
@@ -171,6 +174,11 @@ impl Model {
         self.history.open(state.path());
         *lock(&self.xids.state) = Some(state);
         self.publish_xids();
+    }
+
+    /// Runs `f` on the state directory, once it is open.
+    pub fn with_state<R>(&self, f: impl FnOnce(&StateDir) -> R) -> Option<R> {
+        lock(&self.xids.state).as_ref().map(f)
     }
 
     /// The boot this agent runs in (as the state directory was opened with).

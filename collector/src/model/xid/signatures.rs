@@ -45,6 +45,9 @@ pub struct SignatureReport {
     pub message: String,
     /// When.
     pub time: Option<SystemTime>,
+    /// The boot it happened in, where that is not this one (a crash record of an earlier
+    /// boot, read at this one's start).
+    pub boot: Option<String>,
 }
 
 impl Model {
@@ -70,6 +73,21 @@ impl Model {
                     .map_or_else(|| format!("PCI-{}", &b[..10]), |s| s.info.uuid.clone())
             })
             .collect()
+    }
+
+    /// The GPUs (UUIDs) whose rail holds the NIC at `pci`.
+    fn rail_gpus(&self, pci: &str) -> Vec<String> {
+        let bdfs = self.fabric.gpus_on_rail_of(pci);
+        let slots = self.snapshot();
+        let mut out: Vec<String> = slots
+            .iter()
+            .filter(|s| {
+                normalize_bdf(&s.info.pci_bus_id).is_some_and(|b| bdfs.iter().any(|x| *x == b))
+            })
+            .map(|s| s.info.uuid.clone())
+            .collect();
+        out.truncate(16);
+        out
     }
 
     /// The GPUs a process used, from NVML's process lists and eBPF's per-process series.
@@ -113,6 +131,13 @@ impl Model {
                 .map(|p| self.gpus_at_or_behind(p, sig.target == Target::Gpu))
                 .unwrap_or_default(),
             Target::Process => r.pid.map(|p| self.gpus_of_pid(p)).unwrap_or_default(),
+            // The GPUs whose rail the NIC is (named, not failed: the nic source's port
+            // states say whether the rail is degraded).
+            Target::Nic => r
+                .pci
+                .as_deref()
+                .map(|p| self.rail_gpus(p))
+                .unwrap_or_default(),
             _ => Vec::new(),
         };
         let component = match sig.target {
@@ -165,12 +190,24 @@ impl Model {
         };
         let mut h = crate::model::history::Entry::now(
             &self.boot_id(),
-            gpus.first().map_or(component.as_str(), String::as_str),
+            match gpus.first() {
+                Some(g) if sig.target != Target::Nic => g.as_str(),
+                _ => component.as_str(),
+            },
             "signature",
             sig.id,
             &r.message,
         );
         h.pid = r.pid;
+        if let Some(b) = &r.boot {
+            h.boot.clone_from(b);
+        }
+        if let Some(ms) = r
+            .time
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        {
+            h.ms = ms.as_millis() as u64;
+        }
         self.history.append(h);
         if first_event {
             self.events
@@ -234,11 +271,10 @@ impl Model {
         if let Some(t) = r.time {
             e.time = t;
         }
-        e = e.about(
-            gpus.first()
-                .cloned()
-                .unwrap_or_else(|| component.to_string()),
-        );
+        e = e.about(match gpus.first() {
+            Some(g) if sig.target != Target::Nic => g.clone(),
+            _ => component.to_string(),
+        });
         if gpus.len() > 1 || sig.target == Target::PciPath {
             e = e.with("pcie.bdf", component.trim_start_matches("PCI-").to_string());
         }

@@ -275,3 +275,71 @@ fn the_xids_dcgm_fails_a_gpu_for_fail_it_until_a_reset() {
         assert!(m.health.reasons("GPU-b").is_empty(), "Xid {code}");
     }
 }
+
+#[test]
+fn a_nic_line_names_the_gpus_of_its_rail_and_a_crash_is_remembered_under_its_boot() {
+    use crate::model::fabric::{Affinity, Rail};
+    use crate::model::signatures::index_of;
+    use crate::model::xid::signatures::SignatureReport;
+    let m = Model::default();
+    for (i, bus) in [0x18u8, 0x2a].iter().enumerate() {
+        m.add_gpu(crate::model::GpuInfo {
+            index: i as u32,
+            uuid: format!("GPU-{i}"),
+            pci_bus_id: format!("0000:{bus:02x}:00.0"),
+            ..Default::default()
+        });
+    }
+    let rail = |dev: &str, pci: &str| Rail {
+        device: dev.into(),
+        affinity: Affinity::Switch,
+        pci: Some(pci.into()),
+    };
+    m.fabric.set_rails(
+        [
+            (
+                "0000:18:00.0".to_string(),
+                vec![rail("mlx5_0", "0000:c0:00.0")],
+            ),
+            (
+                "0000:2a:00.0".to_string(),
+                vec![rail("mlx5_1", "0000:c1:00.0")],
+            ),
+        ]
+        .into(),
+    );
+    let sig = index_of("mlx5_degraded").expect("mlx5_degraded");
+    assert!(m.record_signature(SignatureReport {
+        sig,
+        via: Some(Via::Kmsg),
+        pci: Some("0000:c1:00.0".into()),
+        message: "mlx5_core 0000:c1:00.0 ens1f0np0: TX timeout detected".into(),
+        ..SignatureReport::default()
+    }));
+    let events = m.events.read(0, 10).events;
+    let e = events.last().expect("an event");
+    assert_eq!(e.hw_id.as_deref(), Some("PCI-0000:c1:00.0"), "the NIC");
+    let attr = |k: &str| {
+        e.attrs
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    };
+    assert_eq!(attr("gpu.ids").as_deref(), Some("GPU-1"), "its rail's GPU");
+    // A panic of an earlier boot goes into the history under that boot, at its time.
+    let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    assert!(m.record_signature(SignatureReport {
+        sig: index_of("kernel_panic").expect("kernel_panic"),
+        via: Some(Via::Crash),
+        message: "Kernel panic - not syncing: Fatal exception".into(),
+        time: Some(when),
+        boot: Some("boot-before".into()),
+        ..SignatureReport::default()
+    }));
+    let h = m.history.entries();
+    let p = h.last().expect("a history entry");
+    assert_eq!(
+        (p.boot.as_str(), p.code.as_str(), p.ms),
+        ("boot-before", "kernel_panic", 1_700_000_000_000)
+    );
+}

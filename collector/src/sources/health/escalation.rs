@@ -5,6 +5,8 @@
 //! | `hardware_inspection` | the same hardware or driver XID, or the same fatal kernel-log signature, on the same GPU in two or more boots within `escalate_boots_window_secs` (3 days) | failed | drain_and_service | GPUd (the same XID after two reboots in three days) |
 //! | `xid_repeated` | one XID `xid_repeat_count` (5) times on one GPU within `xid_repeat_window_secs` (24 h) | degraded | none | NVSentinel's analyser (the same XID five times in a day) |
 //! | `xid_repeated` | Xid 13 or 31 from `xid_repeat_processes` (3) different processes on one GPU within the same window: the GPU, not the application | degraded | drain_and_service | GPUd / NVIDIA's XID catalog (13/31 are the application's unless they follow the GPU) |
+//! | `resets_ineffective` | the same reason raised on the same GPU in `reboots_count` (3) or more boots within `reboots_window_secs` (a week): each reboot (or reset) brought it back | failed | drain_and_service | GPUd's reboot threshold (a failure that survives reboots is the hardware's); NVSentinel's fault quarantine (repeated remediation that does not hold) |
+//! | node: `kernel_panics_repeated` | kernel panics (recovered from pstore or kdump) in 2 or more boots within `reboots_window_secs` | — | — | the node reboot loops; node-problem-detector's KernelOops/Reboot conditions |
 //!
 //! The reasons clear like the other rules' once their condition has been absent for
 //! `clear_after_secs`: a GPU that failed once and stayed quiet for the window clears.
@@ -28,6 +30,47 @@ pub struct Params {
     pub repeat_window_secs: f64,
     /// Processes with Xid 13 / 31 that make it the GPU's.
     pub processes: u32,
+    /// Boots with the same reason that make resets and reboots ineffective.
+    pub reboots: u32,
+    /// Seconds they are counted over.
+    pub reboots_window_secs: f64,
+}
+
+/// Reasons the history rules raise themselves (not counted again by them).
+const OWN: &[&str] = &["hardware_inspection", "xid_repeated", "resets_ineffective"];
+
+/// A reason raised, from a `health` entry's code (`failed:rm_init_failed`).
+fn raised(e: &Entry) -> Option<&str> {
+    if e.kind != "health" || e.code.ends_with("-cleared") {
+        return None;
+    }
+    let (state, code) = e.code.split_once(':')?;
+    (matches!(state, "failed" | "degraded") && !OWN.contains(&code)).then_some(code)
+}
+
+/// The node reasons over the history at `now`: (reason, detail).
+pub fn node_escalations(entries: &[Entry], now: f64, p: &Params) -> Vec<(&'static str, String)> {
+    let panics: BTreeSet<&str> = entries
+        .iter()
+        .filter(|e| {
+            e.kind == "signature"
+                && e.code == "kernel_panic"
+                && (0.0..=p.reboots_window_secs).contains(&(now - e.ms as f64 / 1000.0))
+        })
+        .map(|e| e.boot.as_str())
+        .collect();
+    if panics.len() >= 2 {
+        vec![(
+            "kernel_panics_repeated",
+            format!(
+                "the kernel panicked in {} boots within {:.0} days",
+                panics.len(),
+                p.reboots_window_secs / 86400.0
+            ),
+        )]
+    } else {
+        Vec::new()
+    }
 }
 
 /// Whether an entry is a failure that, repeated across boots, points at the hardware.
@@ -51,10 +94,19 @@ pub fn escalations(entries: &[Entry], now: f64, p: &Params) -> BTreeMap<String, 
     let mut boots: BTreeMap<(&str, &str, &str), BTreeSet<&str>> = BTreeMap::new();
     let mut counts: BTreeMap<(&str, &str), u32> = BTreeMap::new();
     let mut pids: BTreeMap<(&str, &str), BTreeSet<u32>> = BTreeMap::new();
+    let mut reasons: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
     for e in entries {
         let age = now - e.ms as f64 / 1000.0;
         if age < 0.0 {
             continue;
+        }
+        if age <= p.reboots_window_secs
+            && let Some(code) = raised(e)
+        {
+            reasons
+                .entry((e.id.as_str(), code))
+                .or_default()
+                .insert(e.boot.as_str());
         }
         if age <= p.boots_window_secs && escalates(e) {
             boots
@@ -87,6 +139,20 @@ pub fn escalations(entries: &[Entry], now: f64, p: &Params) -> BTreeMap<String, 
                     "{what} in {} boots within {:.0} h: have the GPU inspected",
                     b.len(),
                     p.boots_window_secs / 3600.0
+                ),
+            });
+        }
+    }
+    for ((id, code), b) in reasons {
+        if b.len() as u32 >= p.reboots {
+            out.entry(id.to_string()).or_default().push(Finding {
+                code: Code::ResetsIneffective,
+                state: HealthState::Failed,
+                action: Action::DrainAndService,
+                detail: format!(
+                    "{code} came back in {} boots within {:.0} days: reboots and resets do not clear it",
+                    b.len(),
+                    p.reboots_window_secs / 86400.0
                 ),
             });
         }
@@ -130,6 +196,8 @@ mod tests {
         repeat_count: 5,
         repeat_window_secs: 86400.0,
         processes: 3,
+        reboots: 3,
+        reboots_window_secs: 7.0 * 86400.0,
     };
     const DAY: f64 = 86400.0;
 
@@ -267,9 +335,128 @@ mod tests {
                 "G",
                 vec![],
             ),
+            (
+                "the same reason after three reboots in a week",
+                ["a", "b", "c"]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        e(
+                            now - 2.0 * DAY * i as f64,
+                            b,
+                            "G",
+                            "health",
+                            "degraded:row_remap_pending",
+                            None,
+                        )
+                    })
+                    .collect(),
+                "G",
+                vec![(Code::ResetsIneffective, Action::DrainAndService)],
+            ),
+            (
+                "twice is not yet three; a clearing, the reasons the history raises and another GPU's count for nothing",
+                vec![
+                    e(
+                        now - 3.0 * DAY,
+                        "a",
+                        "G",
+                        "health",
+                        "degraded:row_remap_pending",
+                        None,
+                    ),
+                    e(
+                        now - 2.0 * DAY,
+                        "b",
+                        "G",
+                        "health",
+                        "degraded:row_remap_pending",
+                        None,
+                    ),
+                    e(
+                        now - DAY,
+                        "c",
+                        "G",
+                        "health",
+                        "ok:row_remap_pending-cleared",
+                        None,
+                    ),
+                    e(
+                        now - DAY,
+                        "c",
+                        "H",
+                        "health",
+                        "degraded:row_remap_pending",
+                        None,
+                    ),
+                    e(
+                        now - 3.0 * DAY,
+                        "a",
+                        "G",
+                        "health",
+                        "failed:hardware_inspection",
+                        None,
+                    ),
+                    e(
+                        now - 2.0 * DAY,
+                        "b",
+                        "G",
+                        "health",
+                        "failed:hardware_inspection",
+                        None,
+                    ),
+                    e(
+                        now - DAY,
+                        "c",
+                        "G",
+                        "health",
+                        "failed:hardware_inspection",
+                        None,
+                    ),
+                ],
+                "G",
+                vec![],
+            ),
+            (
+                "three boots, but the first is older than a week",
+                vec![
+                    e(
+                        now - 8.0 * DAY,
+                        "a",
+                        "G",
+                        "health",
+                        "failed:rm_init_failed",
+                        None,
+                    ),
+                    e(
+                        now - 2.0 * DAY,
+                        "b",
+                        "G",
+                        "health",
+                        "failed:rm_init_failed",
+                        None,
+                    ),
+                    e(now - DAY, "c", "G", "health", "failed:rm_init_failed", None),
+                ],
+                "G",
+                vec![],
+            ),
         ];
         for (name, entries, gpu, want) in cases {
             assert_eq!(codes(&escalations(&entries, now, &P), gpu), want, "{name}");
         }
+    }
+
+    #[test]
+    fn panics_in_two_boots_are_a_node_reason() {
+        let now = 10.0 * DAY;
+        let panic = |t: f64, boot| e(now - t, boot, "node", "signature", "kernel_panic", None);
+        let one = node_escalations(&[panic(DAY, "a")], now, &P);
+        assert!(one.is_empty());
+        let two = node_escalations(&[panic(2.0 * DAY, "a"), panic(DAY, "b")], now, &P);
+        assert_eq!(two.len(), 1);
+        assert_eq!(two[0].0, "kernel_panics_repeated");
+        let old = node_escalations(&[panic(9.0 * DAY, "a"), panic(DAY, "b")], now, &P);
+        assert!(old.is_empty(), "a week apart");
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod escalation;
 pub mod forecast;
+mod memory;
 pub mod rules;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -57,6 +58,16 @@ config_section! {
         pub xid_repeat_window_secs: u64 = 86400,
         /// Xid 13 or 31 from this many processes on one GPU within the window: the GPU's.
         pub xid_repeat_processes: u32 = 3,
+        /// The same health reason raised on a GPU in this many boots within
+        /// `reboots_window_secs`: resets and reboots do not clear it (`resets_ineffective`).
+        pub reboots_count: u32 = 3,
+        /// See `reboots_count` (a week).
+        pub reboots_window_secs: u64 = 604800,
+        /// The event history (`history.jsonl` in the state directory) keeps at most this
+        /// many bytes: past them the oldest half is dropped. At least 65536.
+        pub history_max_bytes: u64 = 4194304,
+        /// … and nothing older than this many seconds (14 days).
+        pub history_max_age_secs: u64 = 1209600,
     }
 }
 
@@ -69,6 +80,22 @@ impl HealthConfig {
                 message:
                     "interval_secs must be at least 1 and forecast_window_secs at least 3 intervals"
                         .into(),
+            });
+        }
+        if self.history_max_bytes < 65536 {
+            out.push(Invalid {
+                key: format!("{prefix}.history_max_bytes"),
+                message: "must be at least 65536 (64 KiB)".into(),
+            });
+        }
+        if self.history_max_age_secs
+            < self
+                .escalate_boots_window_secs
+                .max(self.reboots_window_secs)
+        {
+            out.push(Invalid {
+                key: format!("{prefix}.history_max_age_secs"),
+                message: "must be at least escalate_boots_window_secs and reboots_window_secs: the escalation rules read that far back".into(),
             });
         }
         if self.forecast_persist == 0 {
@@ -108,6 +135,8 @@ struct GpuState {
     ecc: VecDeque<(Instant, f64)>,
     xids: BTreeMap<u32, (f64, Instant)>,
     errors: BTreeMap<&'static str, u64>,
+    /// The memory-repair figures last in the history.
+    memory: Option<String>,
 }
 
 struct Evaluator {
@@ -151,20 +180,25 @@ impl Evaluator {
         let unix = std::time::SystemTime::now()
             .duration_since(std::time::SystemTime::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let escalated = escalation::escalations(
-            &model.history.entries(),
-            unix,
-            &escalation::Params {
-                boots_window_secs: self.cfg.escalate_boots_window_secs as f64,
-                repeat_count: self.cfg.xid_repeat_count.max(1),
-                repeat_window_secs: self.cfg.xid_repeat_window_secs as f64,
-                processes: self.cfg.xid_repeat_processes.max(1),
-            },
-        );
+        let params = escalation::Params {
+            boots_window_secs: self.cfg.escalate_boots_window_secs as f64,
+            repeat_count: self.cfg.xid_repeat_count.max(1),
+            repeat_window_secs: self.cfg.xid_repeat_window_secs as f64,
+            processes: self.cfg.xid_repeat_processes.max(1),
+            reboots: self.cfg.reboots_count.max(2),
+            reboots_window_secs: self.cfg.reboots_window_secs as f64,
+        };
+        let history = model.history.entries();
+        let escalated = escalation::escalations(&history, unix, &params);
+        for (reason, detail) in escalation::node_escalations(&history, unix, &params) {
+            tracing::debug!(reason, detail, "node reason from the history");
+            out.push(Sample::new(Metric::NodeReason, 1.0).with("node.health.reason", reason));
+        }
         let hold = Duration::from_secs(self.cfg.clear_after_secs);
         for slot in model.snapshot() {
             let uuid = slot.info.uuid.clone();
             let st = self.gpus.entry(uuid.clone()).or_default();
+            memory::remember(model, &uuid, &slot, &history, &mut st.memory);
             let rates = st.rates(&slot, now, &xid_counts, hold);
             if !rates.unreadable.is_empty() {
                 HealthInputUnreadable {

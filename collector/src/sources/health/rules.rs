@@ -67,6 +67,7 @@ pub const CODES: &[Code] = &[
     Code::PcieLinkDegraded,
     Code::HardwareInspection,
     Code::XidRepeated,
+    Code::ResetsIneffective,
 ];
 
 /// The samples of a slot.

@@ -12,6 +12,7 @@
 //! the kernel message. Overwritten records are counted (`junction_kmsg_lost_total`). The
 //! checkpoint and counters live in `state_dir`, saved with each record's count as one step.
 
+mod crash;
 mod device;
 mod files;
 pub mod parser;
@@ -45,6 +46,15 @@ config_section! {
         /// (`dmesg` output, `logger` lines). Anyone who can write such a record or line
         /// could forge an XID. Tests and the demo set it. Default: false.
         pub accept_user_records: bool = false,
+        /// Where the kernel leaves crash records of earlier boots, read once at start for
+        /// their panics (`kernel_panic`, in the history under the boot that crashed):
+        /// pstore, systemd-pstore's archive, kdump's dumps. In a container, mount them
+        /// read-only at the same paths. [] to read none.
+        pub crash_dirs: Vec<String> = vec![
+            "/sys/fs/pstore".into(),
+            "/var/lib/systemd/pstore".into(),
+            "/var/crash".into(),
+        ],
     }
 }
 
@@ -64,6 +74,16 @@ impl KmsgConfig {
                     self.device
                 ),
             });
+        }
+        for (i, d) in self.crash_dirs.iter().enumerate() {
+            if !d.starts_with('/') {
+                out.push(Invalid {
+                    key: format!("{prefix}.crash_dirs"),
+                    message: format!(
+                        "entry {i} ({d:?}): give an absolute path (\"/sys/fs/pstore\", \"/var/crash\")"
+                    ),
+                });
+            }
         }
         for (i, f) in self.files.iter().enumerate() {
             let parent = std::path::Path::new(f).parent();
@@ -230,6 +250,7 @@ impl Input {
                     rm: m.rm,
                     message: line.trim().to_string(),
                     time: Some(time),
+                    boot: None,
                 });
             }
             Parsed::GpuUuid(pci, uuid) => {
@@ -404,10 +425,28 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
                 })?,
         )
     };
+    // The panics of earlier boots: once, off the async workers.
+    let crash_thread = if c.crash_dirs.is_empty() {
+        None
+    } else {
+        let (model, dirs) = (ctx.model.clone(), c.crash_dirs.clone());
+        Some(
+            std::thread::Builder::new()
+                .name("kmsg-crash".into())
+                .spawn(move || {
+                    crate::privileges::wait_gate();
+                    crash::scan(&dirs, &model);
+                })?,
+        )
+    };
     ctx.model.set_source_up("kmsg", up);
     Ok(tokio::spawn(async move {
         ctx.shutdown.wait().await;
-        let threads: Vec<_> = device_thread.into_iter().chain(files_thread).collect();
+        let threads: Vec<_> = device_thread
+            .into_iter()
+            .chain(files_thread)
+            .chain(crash_thread)
+            .collect();
         let _ = tokio::task::spawn_blocking(move || {
             let end = Instant::now() + SHUTDOWN_DEADLINE;
             for t in threads {

@@ -27,6 +27,8 @@ const STARTS: &[&str] = &[
     "nvme nvme",
     "EXT4-fs ",
     "XFS (",
+    "Kernel panic - not syncing",
+    "nv-caps-imex ",
 ];
 static AER: LazyLock<memchr::memmem::Finder<'static>> =
     LazyLock::new(|| memchr::memmem::Finder::new(" AER: "));

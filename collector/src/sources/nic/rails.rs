@@ -29,6 +29,13 @@ pub fn rails(
             Some((normalize_bdf(k)?, devs.collect()))
         })
         .collect();
+    let pci_of = |name: &str| {
+        devices
+            .iter()
+            .find(|d| d.name == name)
+            .and_then(|d| d.pci.as_ref())
+            .and_then(|p| normalize_bdf(p.bdf()))
+    };
     let mut out = BTreeMap::new();
     for slot in model.snapshot() {
         let Some(bdf) = normalize_bdf(&slot.info.pci_bus_id) else {
@@ -40,6 +47,7 @@ pub fn rails(
                 .map(|d| Rail {
                     device: d.clone(),
                     affinity: Affinity::Config,
+                    pci: pci_of(d),
                 })
                 .collect();
             out.insert(bdf, rail);
@@ -72,6 +80,7 @@ pub fn rails(
             .map(|(a, d)| Rail {
                 device: d.to_string(),
                 affinity: a.0,
+                pci: pci_of(d),
             })
             .collect();
         out.insert(bdf, rail);

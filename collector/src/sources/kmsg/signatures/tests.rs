@@ -83,6 +83,21 @@ const COMPOSED: &[(&str, &str, &str)] = &[
         "kernel/module/version.c: pr_warn(\"%s: disagrees about version of symbol %s\\n\", …)",
     ),
     (
+        "fabric_probe_failed",
+        "NVRM: _gpuFabricProbeFullSanityCheck: Fabric Probe failed: 0x56",
+        "src/nvidia/src/kernel/gpu/gpu_fabric_probe.c: NV_PRINTF(LEVEL_ERROR, \"Fabric Probe failed: 0x%x\\n\", …)",
+    ),
+    (
+        "imex_channels_failed",
+        "nv-caps-imex failed to create cdev.",
+        "kernel-open/nvidia/nv-caps-imex.c: nv_printf(NV_DBG_ERRORS, \"nv-caps-imex failed to create cdev.\\n\")",
+    ),
+    (
+        "kernel_panic",
+        "Kernel panic - not syncing: Fatal exception in interrupt",
+        "kernel/panic.c: pr_emerg(\"Kernel panic - not syncing: %s\\n\", buf)",
+    ),
+    (
         "mlx5_degraded",
         "mlx5_core 0000:3b:00.0: Detected insufficient power on the PCIe slot (27W).",
         "drivers/net/ethernet/mellanox/mlx5/core/events.c: \"Detected insufficient power on the PCIe slot (%uW).\\n\"",
@@ -144,6 +159,21 @@ fn every_entry_matches_a_real_or_composed_line() {
         .filter(|id| !covered.contains(id))
         .collect();
     assert!(missing.is_empty(), "no line shows {missing:?}");
+}
+
+#[test]
+fn docs_health_lists_every_entry() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/HEALTH.md"))
+        .expect("docs/HEALTH.md");
+    let missing: Vec<&str> = CATALOG
+        .iter()
+        .map(|s| s.id)
+        .filter(|id| !doc.contains(&format!("| `{id}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/HEALTH.md has no row for {missing:?}"
+    );
 }
 
 #[test]
