@@ -27,6 +27,18 @@ fn append(f: &Path, line: &str) {
 }
 
 fn config(port: u16, proc_dir: &Path, state: &Path, kern: &Path) -> String {
+    config_with(port, proc_dir, state, kern, "", "")
+}
+
+/// `kmsg`: more `[sources.kmsg]` lines; `health`: more `[health]` lines.
+fn config_with(
+    port: u16,
+    proc_dir: &Path,
+    state: &Path,
+    kern: &Path,
+    kmsg: &str,
+    health: &str,
+) -> String {
     let base = support::sim_config("current", port, "").replace(
         &format!(
             "proc_root = {:?}",
@@ -41,7 +53,7 @@ fn config(port: u16, proc_dir: &Path, state: &Path, kern: &Path) -> String {
         state.display().to_string()
     );
     format!(
-        "{base}\n[sources.kmsg]\ndevice = \"\"\nfiles = [{:?}]\n\n[health]\ninterval_secs = 1\nclear_after_secs = 2\nescalate_boots_window_secs = 25\n",
+        "{base}\n[sources.kmsg]\ndevice = \"\"\nfiles = [{:?}]\n{kmsg}\n[health]\ninterval_secs = 1\nclear_after_secs = 2\nescalate_boots_window_secs = 25\n{health}",
         kern.display().to_string()
     )
 }
@@ -128,4 +140,200 @@ fn the_same_xid_in_two_boots_escalates_then_clears_once_the_first_is_old() {
         text.contains("hardware_inspection"),
         "the transition is remembered too: {text}"
     );
+}
+
+/// A pstore record as the kernel writes one (fs/pstore/platform.c: the `"%s#%d Part%u\n"`
+/// header, then the log in kmsg_dump's syslog form, `<level>[seconds.micros] text`), ending
+/// in `panic()`'s line (kernel/panic.c: `"Kernel panic - not syncing: %s\n"`).
+fn pstore_record(stamp: &str, why: &str) -> String {
+    format!(
+        "Panic#1 Part1\n<6>[{stamp}] nvidia-nvlink: Unregistered Nvlink Core, major device number 238\n<4>[{stamp}] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n<0>[{stamp}] Kernel panic - not syncing: {why}\n<0>[{stamp}] Kernel Offset: disabled\n"
+    )
+}
+
+fn kmsg_count(page: &str, sig: &str) -> Option<f64> {
+    value(
+        &parse(page),
+        "kmsg_signature_events_total",
+        &[("hw_id", "node"), ("kmsg_signature", sig)],
+    )
+}
+
+fn panics_in(state: &Path) -> Vec<String> {
+    std::fs::read_to_string(state.join("history.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("\"kernel_panic\""))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_panic_of_the_boot_before_is_reported_once_and_panics_in_two_boots_flag_the_node() {
+    if !crate::kmsg::privileged() {
+        return;
+    }
+    let dir = support::temp_dir();
+    let (proc_dir, state, crash) = (dir.join("proc"), dir.join("state"), dir.join("crash"));
+    std::fs::create_dir_all(crash.join("202612010930")).expect("crash dir");
+    set_boot(&proc_dir, "boot-a");
+    let kern = dir.join("kern.log");
+    std::fs::write(&kern, "").expect("kern.log");
+    let port = support::free_port();
+    let kmsg = format!("crash_dirs = [{:?}]\n", crash.display().to_string());
+    let cfg = config_with(port, &proc_dir, &state, &kern, &kmsg, "");
+    // Boot a: something to remember, so that the history knows the boot.
+    let mut agent = Agent::spawn_config("h100-training.toml", &cfg);
+    agent.wait_for(Duration::from_secs(60), |m| m.contains("gpu_info{"));
+    append(&kern, &XID48.replace("{bus}", "18"));
+    agent.wait_for(Duration::from_secs(30), |m| {
+        m.contains("gpu_xid_errors_total{")
+    });
+    assert!(agent.terminate().success());
+    // Boot a ends in a panic; pstore kept the record (and a record someone else could have
+    // written, in kdump's place, is not read).
+    let rec = crash.join("dmesg-ramoops-0");
+    std::fs::write(
+        &rec,
+        pstore_record(" 8813.004211", "Fatal exception in interrupt"),
+    )
+    .expect("record");
+    let forged = crash.join("202612010930/vmcore-dmesg.txt");
+    std::fs::write(&forged, pstore_record(" 9.000000", "forged")).expect("forged");
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&forged, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+
+    set_boot(&proc_dir, "boot-b");
+    std::fs::write(&kern, "").expect("kern.log");
+    let mut agent = Agent::spawn_config("h100-training.toml", &cfg);
+    let page = agent.wait_for(Duration::from_secs(60), |m| {
+        m.contains("gpu_info{") && kmsg_count(m, "kernel_panic").is_some()
+    });
+    assert_eq!(
+        kmsg_count(&page, "kernel_panic"),
+        Some(1.0),
+        "the forged one is not read"
+    );
+    let p = panics_in(&state);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].contains("\"boot\":\"boot-a\"") && p[0].contains("Fatal exception in interrupt"),
+        "under the boot that crashed: {p:?}"
+    );
+    assert!(p[0].contains("79, pid="), "with the XID before it: {p:?}");
+    // A restart in the same boot does not report it again.
+    assert!(agent.terminate().success());
+    let mut agent = Agent::spawn_config("h100-training.toml", &cfg);
+    let page = agent.wait_for(Duration::from_secs(60), |m| {
+        m.contains("gpu_info{") && m.contains("kmsg_signature_events_total{")
+    });
+    assert_eq!(kmsg_count(&page, "kernel_panic"), Some(1.0));
+    assert_eq!(panics_in(&state).len(), 1);
+    assert!(agent.terminate().success());
+    // Boot b panics too; boot c finds both records (the first was never deleted): only the
+    // new one is reported, and two boots that panicked within a week are a node reason.
+    std::fs::write(
+        crash.join("dmesg-ramoops-1"),
+        pstore_record("  611.000042", "hung_task: blocked tasks"),
+    )
+    .expect("record");
+    set_boot(&proc_dir, "boot-c");
+    let mut agent = Agent::spawn_config("h100-training.toml", &cfg);
+    let page = agent.wait_for(Duration::from_secs(60), |m| {
+        m.contains("node_health_reason=\"kernel_panics_repeated\"")
+    });
+    assert_eq!(
+        kmsg_count(&page, "kernel_panic"),
+        Some(1.0),
+        "this boot: the new one"
+    );
+    let p = panics_in(&state);
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(p[1].contains("\"boot\":\"boot-b\""), "{p:?}");
+    assert!(agent.terminate().success());
+}
+
+#[test]
+fn a_kill_during_a_flood_of_writes_loses_at_most_the_last_line() {
+    let dir = support::temp_dir();
+    let (proc_dir, state) = (dir.join("proc"), dir.join("state"));
+    set_boot(&proc_dir, "boot-a");
+    let kern = dir.join("kern.log");
+    std::fs::write(&kern, "").expect("kern.log");
+    let port = support::free_port();
+    let cfg = config_with(
+        port,
+        &proc_dir,
+        &state,
+        &kern,
+        "accept_user_records = true\n",
+        "history_max_bytes = 65536\n",
+    );
+    let mut agent = Agent::spawn_config("h100-training.toml", &cfg);
+    agent.wait_for(Duration::from_secs(60), |m| m.contains("gpu_info{"));
+    // XIDs as fast as the agent reads them, until the history has been compacted at least
+    // once and is being appended to; then SIGKILL, in the middle of it.
+    let file = state.join("history.jsonl");
+    let line = XID48.replace("{bus}", "18");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut written = 0u32;
+    loop {
+        let batch: String = (0..500).map(|_| format!("{line}\n")).collect();
+        {
+            use std::io::Write as _;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&kern)
+                .expect("kern.log");
+            f.write_all(batch.as_bytes()).expect("append");
+        }
+        written += 500;
+        let lines = std::fs::read_to_string(&file).map_or(0, |t| t.lines().count());
+        if written >= 5000 && lines > 100 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the history did not grow"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = agent.child.kill();
+    let _ = agent.child.wait();
+    let text = std::fs::read_to_string(&file).expect("history");
+    assert!(
+        text.len() <= 65536 + 1024,
+        "within its bound: {} bytes",
+        text.len()
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    let bad: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| serde_json::from_str::<serde_json::Value>(l).is_err())
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        bad.is_empty() || bad == [lines.len() - 1],
+        "only the last line may be torn: {bad:?} of {}",
+        lines.len()
+    );
+    // The next start mends the file and appends after it; `junction history` reads it.
+    let mut agent = Agent::spawn_config("h100-training.toml", &cfg);
+    let page = agent.wait_for(Duration::from_secs(60), |m| m.contains("gpu_info{"));
+    let uuids = support::uuids(&parse(&page));
+    append(&kern, &XID48.replace("{bus}", "2a"));
+    agent.wait_for(Duration::from_secs(30), |_| {
+        std::fs::read_to_string(&file).is_ok_and(|t| t.contains(&uuids[1]))
+    });
+    assert!(agent.terminate().success());
+    let text = std::fs::read_to_string(&file).expect("history");
+    assert!(
+        text.lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
+        "every line whole after the restart"
+    );
+    let cfg_file = dir.join("junction.toml");
+    std::fs::write(&cfg_file, &cfg).expect("config");
+    assert!(history(&cfg_file, &uuids[0]).contains(" xid "));
 }

@@ -172,6 +172,17 @@ impl Model {
             };
         }
         self.history.open(state.path());
+        // Each boot the agent runs in, once: what the crash records and the reboot rules
+        // count boots by.
+        let boot = self.boot_id();
+        if !self.history.entries().iter().any(|e| e.boot == boot) {
+            self.remember(
+                "node",
+                "boot",
+                "started",
+                "the agent's first start in this boot",
+            );
+        }
         *lock(&self.xids.state) = Some(state);
         self.publish_xids();
     }

@@ -81,9 +81,7 @@ impl Model {
         let slots = self.snapshot();
         let mut out: Vec<String> = slots
             .iter()
-            .filter(|s| {
-                normalize_bdf(&s.info.pci_bus_id).is_some_and(|b| bdfs.iter().any(|x| *x == b))
-            })
+            .filter(|s| normalize_bdf(&s.info.pci_bus_id).is_some_and(|b| bdfs.contains(&b)))
             .map(|s| s.info.uuid.clone())
             .collect();
         out.truncate(16);

@@ -122,15 +122,23 @@ fn tail(path: &Path) -> Option<String> {
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// The boot before this one, as the history knows it.
+/// The boot before this one, as the history knows it: the last boot it saw start, else the
+/// last boot anything happened in (but a crash record's, which names an older boot).
 fn previous_boot(model: &Model) -> String {
     let now = model.boot_id();
-    model
-        .history
-        .entries()
-        .iter()
-        .rev()
-        .find(|e| e.boot != now)
+    let entries = model.history.entries();
+    let before = |boots_only: bool| {
+        entries.iter().rev().find(|e| {
+            e.boot != now
+                && if boots_only {
+                    e.kind == "boot"
+                } else {
+                    e.code != "kernel_panic"
+                }
+        })
+    };
+    before(true)
+        .or_else(|| before(false))
         .map_or_else(|| "earlier".to_string(), |e| e.boot.clone())
 }
 
