@@ -10,6 +10,7 @@ mod deploy;
 mod ebpf;
 mod fabric;
 mod faults;
+mod gb200;
 mod health;
 mod history;
 mod hostile;

@@ -71,6 +71,7 @@ impl<T: Describe + Default + serde::Serialize> Describe for Vec<T> {
         T::fields().and_then(|_| toml::Table::try_from(T::default()).ok())
     }
 }
+impl<T> Describe for Option<T> {}
 impl Describe for bool {}
 impl Describe for u32 {}
 impl Describe for u64 {}
@@ -141,6 +142,10 @@ config_section! {
         pub sources: Sources = Sources::default(),
         /// The per-GPU health verdict, its rules and the forecasts.
         pub health: crate::sources::health::HealthConfig = Default::default(),
+        /// How the fleet's nodes must be set up (persistence and ECC mode, driver and GSP
+        /// versions, kernel modules, daemons, fabric state, GPU count); each mismatch is a
+        /// `config_drift` reason naming the setting. Empty: nothing is checked.
+        pub expect: crate::sources::health::drift::ExpectConfig = Default::default(),
         /// Where data goes.
         pub sinks: Sinks = Sinks::default(),
     }
@@ -169,6 +174,9 @@ config_section! {
         /// The PCIe bus: AER counters and link state on every GPU's, NVSwitch's and NIC's
         /// path, and NVIDIA GPUs on the bus that NVML does not list.
         pub pcie: crate::sources::pcie::PcieConfig = Default::default(),
+        /// The host around the driver: the NVIDIA kernel modules loaded and the NVIDIA
+        /// daemons running (persistenced, fabric manager, IMEX, DCGM's host engine).
+        pub host: crate::sources::host::HostConfig = Default::default(),
     }
 }
 
@@ -268,7 +276,9 @@ impl Config {
             .validate("sources.kubernetes", &mut out);
         self.sources.nic.validate("sources.nic", &mut out);
         self.sources.pcie.validate("sources.pcie", &mut out);
+        self.sources.host.validate("sources.host", &mut out);
         self.health.validate("health", &mut out);
+        self.expect.validate("expect", &mut out);
         self.sinks.otlp.validate("sinks.otlp", &mut out);
         out
     }

@@ -139,6 +139,16 @@ closed_set! {
         XidRepeated = "xid_repeated",
         /// History: the same reason came back after several reboots within a week.
         ResetsIneffective = "resets_ineffective",
+        /// Configuration: a setting differs from `[expect]`.
+        ConfigDrift = "config_drift",
+        /// Configuration: an ECC or MIG mode change waits for a GPU reset.
+        ModeChangePending = "mode_change_pending",
+        /// Fabric: the GPU's NVLink fabric registration is not completed (or failed).
+        FabricIncomplete = "fabric_incomplete",
+        /// Fabric: a fabric health check fails.
+        FabricUnhealthy = "fabric_unhealthy",
+        /// Fabric: the fabric manager is down or restarting.
+        FabricManagerDown = "fabric_manager_down",
     }
 }
 

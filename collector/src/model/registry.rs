@@ -39,13 +39,15 @@ pub enum Group {
     Mig,
     /// Profiling metrics through GPM (Hopper and newer).
     Gpm,
+    /// Modes, firmware and the NVLink fabric registration.
+    Config,
     /// Always collected: identity, status, the agent's own health.
     Status,
 }
 
 impl Group {
     /// Every group, in collection order.
-    pub const ALL: [Group; 12] = [
+    pub const ALL: [Group; 13] = [
         Group::Utilization,
         Group::Memory,
         Group::Power,
@@ -57,6 +59,7 @@ impl Group {
         Group::Processes,
         Group::Mig,
         Group::Gpm,
+        Group::Config,
         Group::Status,
     ];
 
@@ -74,6 +77,7 @@ impl Group {
             Group::Processes => "processes",
             Group::Mig => "mig",
             Group::Gpm => "gpm",
+            Group::Config => "config",
             Group::Status => "status",
         }
     }
@@ -242,6 +246,32 @@ registry! {
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_PCIE_TX/RX_PER_SEC) (MiB/s)", "PCIe bytes per second over the GPM interval.";
     GpmNvlinkThroughput = "gpu.gpm.nvlink.throughput", "By/s", Gauge, ["network.io.direction", "gpu.mig.gpu_instance_id"], Gpm,
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX/RX_PER_SEC) (MiB/s)", "NVLink bytes per second over the GPM interval, all links.";
+    PersistenceMode = "gpu.persistence_mode", "{state}", Gauge, [], Config,
+        "nvmlDeviceGetPersistenceMode", "1 if persistence mode is on (the driver stays initialised without a client; DCGM and GPUd flag it off).";
+    EccMode = "gpu.ecc.mode", "{state}", Gauge, ["gpu.mode.setting"], Config,
+        "nvmlDeviceGetEccMode", "1 if ECC is on: now (current), and after the next GPU reset (pending).";
+    MigModePending = "gpu.mig.mode.pending", "{state}", Gauge, [], Mig,
+        "nvmlDeviceGetMigMode", "1 if MIG mode will be on after the next GPU reset.";
+    ComputeMode = "gpu.compute_mode", "{mode}", Gauge, ["gpu.compute_mode"], Config,
+        "nvmlDeviceGetComputeMode", "1 for the GPU's compute mode: default, exclusive_thread, prohibited or exclusive_process.";
+    GspFirmware = "gpu.gsp.firmware", "{state}", Gauge, ["hw.firmware_version", "gpu.gsp.default"], Config,
+        "nvmlDeviceGetGspFirmwareMode, nvmlDeviceGetGspFirmwareVersion", "1 if the GPU runs the GSP firmware (its version in hw.firmware_version; gpu.gsp.default whether that is the driver's default), 0 if not.";
+    FabricState = "gpu.fabric.state", "{state}", Gauge, ["gpu.fabric.state"], Config,
+        "nvmlDeviceGetGpuFabricInfoV (v3; nvmlDeviceGetGpuFabricInfo before R550)", "The GPU's registration in the NVLink fabric, one series per state (not_started, in_progress, completed): 1 for the current one. Only where the GPU has a fabric state (NVSwitch systems, GB200/GH200).";
+    FabricInfo = "gpu.fabric.info", "{info}", Gauge, ["gpu.fabric.cluster_uuid", "gpu.fabric.clique_id", "gpu.fabric.status"], Config,
+        "nvmlDeviceGetGpuFabricInfoV", "The fabric the GPU is registered in: cluster UUID, clique id, and the fabric manager's answer once registration completed (success, or the NVML error).";
+    FabricHealth = "gpu.fabric.health", "{state}", Gauge, ["gpu.fabric.health.check"], Config,
+        "nvmlDeviceGetGpuFabricInfoV (healthMask, healthSummary)", "1 if a fabric health check fails: degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery, incorrect_configuration, summary (the driver's own summary: unhealthy or limited capacity); only the checks the GPU reports.";
+    FabricHealthMask = "gpu.fabric.health_mask", "{bitmask}", Gauge, [], Config,
+        "nvmlDeviceGetGpuFabricInfoV (healthMask)", "The raw fabric health mask (a healthy GPU reads 0x1AA = 426, not 0).";
+    KernelModule = "node.kernel_module.loaded", "{state}", Gauge, ["kernel.module"], Status,
+        "/proc/modules", "1 for each NVIDIA kernel module that is loaded (nvidia, nvidia_uvm, nvidia_modeset, nvidia_drm, nvidia_peermem, nvidia_fs), 0 for each that is not.";
+    DaemonUp = "node.daemon.up", "{state}", Gauge, ["node.daemon"], Status,
+        "/proc (the process's name and executable, owned by root)", "1 if the NVIDIA daemon runs: nvidia-persistenced, nv-fabricmanager, nvidia-imex, nv-hostengine.";
+    DaemonRestarts = "node.daemon.restarts", "{restart}", Counter, ["node.daemon"], Status,
+        "/proc", "Times the daemon was seen under a new pid since the agent started (a restart).";
+    ConfigDrift = "node.config.drift", "{setting}", Gauge, ["junction.setting"], Status,
+        "derived ([expect] against NVML and the host source)", "1 for each setting that differs from [expect] on some GPU or on the node (docs/HEALTH.md: config_drift).";
     XidErrors = "gpu.xid.errors", "{error}", Counter, ["gpu.xid", "gpu.xid.category"], Errors,
         "kernel log (NVRM: Xid lines, /dev/kmsg or files), nvmlEventSetWait(NVML_EVENT_TYPE_XID_CRITICAL_ERROR)", "XID errors per GPU and code, counted once across paths; kept across agent restarts, reset at reboot. A GPU the inventory does not know has hw.id PCI-dddd:bb:dd.";
     XidLast = "gpu.xid.last_time", "s", Gauge, [], Errors,

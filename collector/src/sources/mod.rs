@@ -4,6 +4,7 @@
 
 pub mod ebpf;
 pub mod health;
+pub mod host;
 pub mod ipmi;
 pub mod kmsg;
 pub mod kubernetes;
@@ -26,5 +27,6 @@ pub const ALL: &[Component] = &[
     kubernetes::COMPONENT,
     nic::COMPONENT,
     pcie::COMPONENT,
+    host::COMPONENT,
     health::COMPONENT,
 ];

@@ -435,7 +435,9 @@ export!(
 export!(
     fn nvmlDeviceGetEccMode(device: nvmlDevice_t, current: *mut c_uint, pending: *mut c_uint) {
         let on = vu("nvmlDeviceGetEccMode", device, "ecc_mode")?;
-        put(pending, on);
+        // A change set with `nvidia-smi -e` waits for the next reset.
+        let next = vu("nvmlDeviceGetEccMode", device, "ecc_pending").unwrap_or(on);
+        put(pending, next);
         Ok(put(current, on))
     }
 );

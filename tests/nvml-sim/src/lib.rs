@@ -27,6 +27,8 @@
 //! | `nvlink_recovery_{successful,failed,events}` (fields 213–215, per link) | NVLink link recovery (Blackwell) | count |
 //! | `nvlink_errors_unsupported_from` | error counters NOT_SUPPORTED on links from this index on | index |
 //! | `recovery_action` (field 230) | GPU recovery action | enum |
+//! | `persistence_mode`, `compute_mode` (both answer without them: on, DEFAULT), `ecc_pending` (else `ecc_mode`) | modes | 0/1, enum |
+//! | `fabric_state`, `fabric_status`, `fabric_clique_id`, `fabric_health_mask`, `fabric_health_summary` (and the GPU's `fabric_cluster_uuid`) | GPU fabric info (`src/fabric.rs`) | enum, bits |
 //! | `gpm_{graphics,sm,dram_bw,fp64,fp32,fp16,tensor,dfma_tensor}_util`, `gpm_sm_occupancy`, `gpm_{pcie,nvlink}_{tx,rx}_mibps` | GPM (with `gpm_supported`) | %, MiB/s |
 //!
 //! Symbols that a driver lacks are left out of a feature build: `dlsym` cannot be made to
@@ -50,7 +52,10 @@
 
 mod device;
 #[cfg(not(feature = "legacy"))]
+mod fabric;
+#[cfg(not(feature = "legacy"))]
 mod gpm;
+mod modes;
 mod procs;
 pub mod scenario;
 pub mod state;

@@ -85,6 +85,10 @@ pub struct GpuSpec {
     pub pci_device_id: Option<u32>,
     pub minor_number: Option<u32>,
     pub vbios_version: Option<String>,
+    /// GSP firmware version; without it GSP is off (its calls answer NOT_SUPPORTED).
+    pub gsp_firmware_version: Option<String>,
+    /// The NVLink fabric's cluster UUID (hex, dashes ignored).
+    pub fabric_cluster_uuid: Option<String>,
     pub num_fans: Option<u32>,
     pub nvlink_count: Option<u32>,
     pub gpm_supported: Option<bool>,
@@ -204,6 +208,15 @@ pub enum ValueSpec {
     Step(Step),
     Sine(Sine),
     Approach(Approach),
+    Steps(Steps),
+}
+
+/// A value that changes at given times: `{ steps = [[0, 3], [20, 2], [40, 3]] }` (seconds
+/// after init, value); before the first step, its value.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Steps {
+    pub steps: Vec<(f64, f64)>,
 }
 
 /// An exponential approach from `start` to `target` with time constant `tau_secs` (a load
@@ -260,6 +273,13 @@ impl ValueSpec {
                     s.after
                 }
             }
+            ValueSpec::Steps(s) => s
+                .steps
+                .iter()
+                .rev()
+                .find(|(at, _)| *at <= t)
+                .or(s.steps.first())
+                .map_or(0.0, |(_, v)| *v),
             ValueSpec::Approach(a) => {
                 a.target - (a.target - a.start) * (-t / a.tau_secs.max(1e-9)).exp()
             }
@@ -287,6 +307,8 @@ pub struct Gpu {
     pub pci_device_id: u32,
     pub minor_number: u32,
     pub vbios_version: String,
+    pub gsp_firmware_version: String,
+    pub fabric_cluster_uuid: String,
     pub num_fans: u32,
     pub nvlink_count: u32,
     pub gpm_supported: bool,
@@ -376,6 +398,14 @@ impl Scenario {
                         .vbios_version
                         .or(d.vbios_version.clone())
                         .unwrap_or_else(|| "96.00.74.00.01".into()),
+                    gsp_firmware_version: o
+                        .gsp_firmware_version
+                        .or(d.gsp_firmware_version.clone())
+                        .unwrap_or_default(),
+                    fabric_cluster_uuid: o
+                        .fabric_cluster_uuid
+                        .or(d.fabric_cluster_uuid.clone())
+                        .unwrap_or_default(),
                     num_fans: o.num_fans.or(d.num_fans).unwrap_or(0),
                     nvlink_count: o.nvlink_count.or(d.nvlink_count).unwrap_or(0),
                     gpm_supported: o.gpm_supported.or(d.gpm_supported).unwrap_or(false),

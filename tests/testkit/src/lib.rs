@@ -79,6 +79,7 @@ pub fn nvml_groups_every(interval_secs: u64) -> String {
         "processes",
         "mig",
         "gpm",
+        "config",
     ]
     .iter()
     .map(|g| format!("\n[sources.nvml.groups.{g}]\ninterval_secs = {interval_secs}\n"))

@@ -10,6 +10,7 @@
 //! agent restarts. Forecasts (`forecast.rs`) need `persist` evaluations in a row under the
 //! horizon before they count.
 
+pub mod drift;
 pub mod escalation;
 pub mod forecast;
 mod memory;
@@ -117,7 +118,7 @@ pub const COMPONENT: Component = Component {
     // After the sources' one collection: the rules once.
     derive: Some(|c, model| {
         Box::pin(async move {
-            let mut ev = Evaluator::new(c.health.clone());
+            let mut ev = Evaluator::new(c.health.clone(), c.expect.clone());
             ev.evaluate(&model);
         })
     }),
@@ -141,6 +142,8 @@ struct GpuState {
 
 struct Evaluator {
     cfg: HealthConfig,
+    expect: drift::ExpectConfig,
+    drift: drift::Drift,
     params: Params,
     start: Instant,
     gpus: BTreeMap<String, GpuState>,
@@ -154,7 +157,7 @@ const FORECASTS: [(&str, &str); 2] = [
 ];
 
 impl Evaluator {
-    fn new(cfg: HealthConfig) -> Self {
+    fn new(cfg: HealthConfig, expect: drift::ExpectConfig) -> Self {
         let params = Params {
             window_secs: cfg.forecast_window_secs as f64,
             gate: cfg.forecast_gate_celsius,
@@ -162,6 +165,8 @@ impl Evaluator {
         };
         Self {
             cfg,
+            expect,
+            drift: drift::Drift::default(),
             params,
             start: Instant::now(),
             gpus: BTreeMap::new(),
@@ -194,6 +199,7 @@ impl Evaluator {
             tracing::debug!(reason, detail, "node reason from the history");
             out.push(Sample::new(Metric::NodeReason, 1.0).with("node.health.reason", reason));
         }
+        let drifted = self.drift.evaluate(model, &self.expect, &mut out);
         let hold = Duration::from_secs(self.cfg.clear_after_secs);
         for slot in model.snapshot() {
             let uuid = slot.info.uuid.clone();
@@ -212,6 +218,7 @@ impl Evaluator {
             // The NICs of its rail and its PCIe path (the nic and pcie sources).
             findings.extend(model.fabric.findings(&slot.info.pci_bus_id));
             findings.extend(escalated.get(&uuid).cloned().unwrap_or_default());
+            findings.extend(drifted.get(&uuid).cloned().unwrap_or_default());
             findings.extend(st.forecasts(&slot, t, (&self.params, &self.cfg), &mut out));
             st.settle(model, &uuid, findings, now, hold);
             // The action series: one per GPU.
@@ -513,7 +520,7 @@ impl GpuState {
 async fn run(config: Arc<Config>, ctx: Ctx) {
     let cfg = config.health.clone();
     ctx.model.set_source_up("health", true);
-    let mut ev = Evaluator::new(cfg.clone());
+    let mut ev = Evaluator::new(cfg.clone(), config.expect.clone());
     let interval = Duration::from_secs(cfg.interval_secs.max(1));
     loop {
         ev.evaluate(&ctx.model);

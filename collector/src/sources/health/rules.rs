@@ -68,6 +68,11 @@ pub const CODES: &[Code] = &[
     Code::HardwareInspection,
     Code::XidRepeated,
     Code::ResetsIneffective,
+    Code::ConfigDrift,
+    Code::ModeChangePending,
+    Code::FabricIncomplete,
+    Code::FabricUnhealthy,
+    Code::FabricManagerDown,
 ];
 
 /// The samples of a slot.

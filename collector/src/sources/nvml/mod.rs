@@ -89,6 +89,9 @@ config_section! {
         pub mig: GroupConfig = GroupConfig::every(10),
         /// GPM profiling metrics (Hopper and newer), averaged over the interval. Default: 10 s.
         pub gpm: GroupConfig = GroupConfig::every(10),
+        /// Persistence, ECC and compute mode, the GSP firmware, the NVLink fabric
+        /// registration and its health. Default interval: 10 s.
+        pub config: GroupConfig = GroupConfig::every(10),
     }
 }
 
@@ -126,6 +129,7 @@ impl GroupsConfig {
             Group::Processes => (&self.processes, 5),
             Group::Mig => (&self.mig, 10),
             Group::Gpm => (&self.gpm, 10),
+            Group::Config => (&self.config, 10),
             Group::Status => return None,
         })
     }

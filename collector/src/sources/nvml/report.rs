@@ -24,6 +24,16 @@ fn expected(feature: &str) -> Option<&'static str> {
     })
 }
 
+/// Features whose absence is the rule on most GPUs and says nothing: logged at debug level
+/// (`junction inventory` lists them): the fabric state exists only on NVLink-fabric systems,
+/// the GSP firmware only where the driver runs it, and neither call on old drivers.
+pub fn quiet(feature: &str) -> bool {
+    matches!(
+        feature,
+        "fabric_info" | "gsp_firmware" | "gsp_firmware_version"
+    )
+}
+
 /// Logs one line per (feature, reason) with the GPUs it is disabled on.
 pub fn startup(slots: &[Arc<Mutex<GpuSlot>>]) {
     let mut off: BTreeMap<(&'static str, String), Vec<u32>> = BTreeMap::new();
@@ -42,6 +52,10 @@ pub fn startup(slots: &[Arc<Mutex<GpuSlot>>]) {
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(",");
+        if quiet(feature) {
+            tracing::debug!(feature, gpus = %list, reason = %why, "NVML feature unavailable; disabled on these GPUs");
+            continue;
+        }
         match expected(feature) {
             Some(note) => {
                 tracing::info!(feature, gpus = %list, reason = %why, note, "NVML feature unavailable; disabled on these GPUs")

@@ -181,7 +181,9 @@ impl<'n> Ctx<'n> {
     /// start-up report, the report says it for every GPU at once.
     fn disable(&mut self, feature: Feature, why: String, retry: Retry) {
         self.disabled.insert(feature, retry);
-        let quiet = self.reprobing.remove(&feature) || !self.reported.load(Ordering::Relaxed);
+        let quiet = self.reprobing.remove(&feature)
+            || !self.reported.load(Ordering::Relaxed)
+            || super::report::quiet(feature.name);
         let mut slot = lock(&self.slot);
         if !slot.disabled.contains_key(&feature) && !quiet {
             tracing::info!(gpu = %self.uuid, feature = %feature, reason = %why, "NVML feature unavailable; disabled for this GPU");

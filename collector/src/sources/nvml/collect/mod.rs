@@ -3,6 +3,7 @@
 
 mod board;
 mod clocks;
+mod config;
 mod errors;
 mod gpm;
 mod nvlink;
@@ -84,6 +85,7 @@ pub fn collect(group: Group, ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result
         Group::Processes => processes::processes(ctx, out),
         Group::Mig => processes::mig(ctx, out),
         Group::Gpm => gpm::gpm(ctx, out),
+        Group::Config => config::config(ctx, out),
         Group::Status => Ok(()),
     }
 }

@@ -169,6 +169,10 @@ pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> 
     }
     ctx.mig_mode = Some(enabled);
     out.push(Sample::new(Metric::MigMode, f64::from(u8::from(enabled))));
+    out.push(Sample::new(
+        Metric::MigModePending,
+        f64::from(u8::from(mode.pending == 1)),
+    ));
     ctx.mig_devices.clear();
     if !enabled {
         return Ok(());

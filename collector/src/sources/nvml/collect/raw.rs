@@ -39,6 +39,76 @@ pub fn remapped_rows(
     Ok((a, b, p, x))
 }
 
+/// What the GPU fabric info says (`nvmlGpuFabricInfo_v3_t`, or the v1 struct).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FabricInfo {
+    /// The fabric's cluster UUID.
+    pub cluster_uuid: [u8; 16],
+    /// The fabric manager's answer (an `nvmlReturn_t`), meaningful once completed.
+    pub status: u32,
+    /// Clique id.
+    pub clique_id: u32,
+    /// 0 not supported, 1 not started, 2 in progress, 3 completed.
+    pub state: u8,
+    /// The health mask (v3; `None` from the v1 call).
+    pub health_mask: Option<u32>,
+    /// 0 not supported, 1 healthy, 2 unhealthy, 3 limited capacity (v3).
+    pub health_summary: Option<u8>,
+}
+
+/// `nvmlDeviceGetGpuFabricInfoV` with the v3 struct, else (a driver before R550, whose
+/// library lacks the symbol, or one that answers the version with a mismatch) the v1
+/// `nvmlDeviceGetGpuFabricInfo`, which has no health fields.
+pub fn fabric_info(nvml: &Nvml, d: &Device<'_>) -> Result<FabricInfo, NvmlError> {
+    use nvml_wrapper_sys::bindings::{nvmlGpuFabricInfo_t, nvmlGpuFabricInfo_v3_t};
+    let lib = nvml.lib();
+    if let Ok(f) = sym(&lib.nvmlDeviceGetGpuFabricInfoV) {
+        // nvml.h: `#define nvmlGpuFabricInfo_v3 NVML_STRUCT_VERSION(GpuFabricInfo, 3)`.
+        let mut v = nvmlGpuFabricInfo_v3_t {
+            version: std::mem::size_of::<nvmlGpuFabricInfo_v3_t>() as c_uint | 3 << 24,
+            clusterUuid: [0; 16],
+            status: 0,
+            cliqueId: 0,
+            state: 0,
+            healthMask: 0,
+            healthSummary: 0,
+        };
+        // SAFETY: a live handle and a versioned struct of the size its version word states.
+        match nvml_try(unsafe { f(d.handle(), &mut v) }) {
+            Ok(()) => {
+                return Ok(FabricInfo {
+                    cluster_uuid: v.clusterUuid,
+                    status: v.status,
+                    clique_id: v.cliqueId,
+                    state: v.state,
+                    health_mask: Some(v.healthMask),
+                    health_summary: Some(v.healthSummary),
+                });
+            }
+            // NVML_ERROR_ARGUMENT_VERSION_MISMATCH: a driver that knows an older version.
+            Err(NvmlError::UnexpectedVariant(25)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let f = sym(&lib.nvmlDeviceGetGpuFabricInfo)?;
+    let mut v = nvmlGpuFabricInfo_t {
+        clusterUuid: [0; 16],
+        status: 0,
+        cliqueId: 0,
+        state: 0,
+    };
+    // SAFETY: a live handle and a valid out-pointer of the v1 struct.
+    nvml_try(unsafe { f(d.handle(), &mut v) })?;
+    Ok(FabricInfo {
+        cluster_uuid: v.clusterUuid,
+        status: v.status,
+        clique_id: v.cliqueId,
+        state: v.state,
+        health_mask: None,
+        health_summary: None,
+    })
+}
+
 /// GPU instance id (`gpu = true`) or compute instance id of a MIG device.
 pub fn mig_id(nvml: &Nvml, m: &Device<'_>, gpu: bool) -> Result<u32, NvmlError> {
     let lib = nvml.lib();

@@ -1,0 +1,263 @@
+//! The host around the driver: which NVIDIA kernel modules are loaded (`/proc/modules`) and
+//! which NVIDIA daemons run (`nvidia-persistenced`, `nv-fabricmanager`, `nvidia-imex`,
+//! `nv-hostengine`), read under `proc_root`.
+//!
+//! Who can write it: any process may name itself `nv-fabricmanager` (`prctl(PR_SET_NAME)`),
+//! so a daemon counts only when its process runs as root and its executable (or, where the
+//! link cannot be read, its `argv[0]`) has the daemon's name; a tenant's process cannot make
+//! a stopped fabric manager look alive. What is read is bounded: the daemons named here, the
+//! modules named here, the first 64 KiB of `/proc/modules`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::agent::{Component, Ctx};
+use crate::config::{Config, Invalid, config_section};
+use crate::model::{Metric, Model, Sample};
+
+/// The NVIDIA kernel modules reported, loaded or not.
+pub const MODULES: &[&str] = &[
+    "nvidia",
+    "nvidia_uvm",
+    "nvidia_modeset",
+    "nvidia_drm",
+    "nvidia_peermem",
+    "nvidia_fs",
+];
+
+/// The daemons watched.
+pub const DAEMONS: &[&str] = &[
+    "nvidia-persistenced",
+    "nv-fabricmanager",
+    "nvidia-imex",
+    "nv-hostengine",
+];
+
+/// Processes looked at per poll.
+const MAX_PROCESSES: usize = 65_536;
+
+config_section! {
+    /// `[sources.host]`
+    pub struct HostConfig {
+        /// Read the loaded NVIDIA kernel modules and the NVIDIA daemons under `proc_root`.
+        /// Default: true.
+        pub enabled: bool = true,
+        /// Seconds between reads.
+        pub interval_secs: u64 = 10,
+    }
+}
+
+impl HostConfig {
+    /// Adds every problem with this section to `out`.
+    pub fn validate(&self, prefix: &str, out: &mut Vec<Invalid>) {
+        if self.interval_secs == 0 {
+            out.push(Invalid {
+                key: format!("{prefix}.interval_secs"),
+                message: "must be at least 1".into(),
+            });
+        }
+    }
+}
+
+/// The host source.
+pub const COMPONENT: Component = Component {
+    name: "host",
+    enabled: |c| c.sources.host.enabled,
+    start: |c, ctx| Box::pin(async move { Ok(tokio::spawn(run(c, ctx))) }),
+    once: Some(|c, model| {
+        Box::pin(async move {
+            State::default().poll(&c.proc_root, &model);
+            Ok(())
+        })
+    }),
+    inspect: None,
+    derive: None,
+};
+
+async fn run(config: Arc<Config>, ctx: Ctx) {
+    let interval = Duration::from_secs(config.sources.host.interval_secs.max(1));
+    let model = ctx.model.clone();
+    crate::sources::sysfs::run_blocking("host", interval, ctx, move |s: &mut State| {
+        s.poll(&config.proc_root, &model);
+    })
+    .await;
+}
+
+/// What the source remembers between polls.
+#[derive(Debug, Default)]
+pub struct State {
+    daemons: BTreeMap<&'static str, Daemon>,
+}
+
+#[derive(Debug, Default)]
+struct Daemon {
+    /// Its pid at the last poll.
+    pid: Option<u32>,
+    /// Seen running since the agent started.
+    seen: bool,
+    /// Restarts seen: a new pid, or back after it was gone.
+    restarts: u64,
+}
+
+impl Daemon {
+    fn update(&mut self, now: Option<u32>) {
+        match (self.pid, now) {
+            (Some(a), Some(b)) if a != b => self.restarts += 1,
+            (None, Some(_)) if self.seen => self.restarts += 1,
+            _ => {}
+        }
+        self.seen |= now.is_some();
+        self.pid = now;
+    }
+}
+
+/// The names of the loaded modules in `/proc/modules` text.
+pub fn loaded_modules(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect()
+}
+
+/// Which daemon the process `pid` under `proc` is, if any.
+fn daemon_of(proc: &Path, pid: &str) -> Option<&'static str> {
+    let dir = proc.join(pid);
+    let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+    let comm = comm.trim_end();
+    // The kernel keeps 15 bytes of the name (TASK_COMM_LEN).
+    let name = DAEMONS
+        .iter()
+        .find(|d| d.get(..d.len().min(15)) == Some(comm))?;
+    let root = std::fs::read_to_string(dir.join("status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|u| u.split_whitespace().next().map(|r| r == "0"))
+        .unwrap_or(false);
+    if !root {
+        return None;
+    }
+    let base = |p: &str| p.rsplit('/').next().unwrap_or("").to_string();
+    let exe = std::fs::read_link(dir.join("exe"))
+        .ok()
+        .map(|p| base(&p.to_string_lossy()));
+    let argv0 = || {
+        std::fs::read(dir.join("cmdline")).ok().and_then(|c| {
+            c.split(|b| *b == 0)
+                .next()
+                .map(|a| base(&String::from_utf8_lossy(a)))
+        })
+    };
+    let named = exe.or_else(argv0)?;
+    (named == *name).then_some(name)
+}
+
+impl State {
+    /// Reads the modules and the daemons and publishes them.
+    pub fn poll(&mut self, proc: &Path, model: &Model) {
+        let mut out = Vec::new();
+        let text = read_capped(&proc.join("modules"), 64 * 1024);
+        let loaded = loaded_modules(&text);
+        for m in MODULES {
+            out.push(
+                Sample::new(
+                    Metric::KernelModule,
+                    f64::from(u8::from(loaded.contains(m))),
+                )
+                .with("kernel.module", *m),
+            );
+        }
+        let mut running: BTreeMap<&'static str, u32> = BTreeMap::new();
+        if let Ok(dir) = std::fs::read_dir(proc) {
+            for e in dir.flatten().take(MAX_PROCESSES) {
+                let name = e.file_name();
+                let Some(pid) = name
+                    .to_str()
+                    .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                else {
+                    continue;
+                };
+                if let Some(d) = daemon_of(proc, pid) {
+                    let pid: u32 = pid.parse().unwrap_or(0);
+                    let lowest = running.entry(d).or_insert(pid);
+                    *lowest = (*lowest).min(pid);
+                }
+            }
+        }
+        for d in DAEMONS {
+            let st = self.daemons.entry(d).or_default();
+            st.update(running.get(d).copied());
+            out.push(
+                Sample::new(Metric::DaemonUp, f64::from(u8::from(st.pid.is_some())))
+                    .with("node.daemon", *d),
+            );
+            out.push(
+                Sample::new(Metric::DaemonRestarts, st.restarts as f64).with("node.daemon", *d),
+            );
+        }
+        model.publish("host", "node", out);
+    }
+}
+
+/// The first `max` bytes of a file, as text ("" if unreadable).
+fn read_capped(path: &Path, max: u64) -> String {
+    use std::io::Read as _;
+    let mut s = String::new();
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.take(max).read_to_string(&mut s);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_are_a_new_pid_or_a_return() {
+        let mut d = Daemon::default();
+        d.update(None);
+        d.update(Some(10));
+        assert_eq!(d.restarts, 0, "first seen");
+        d.update(Some(10));
+        d.update(Some(11));
+        assert_eq!(d.restarts, 1, "a new pid");
+        d.update(None);
+        d.update(Some(12));
+        assert_eq!(d.restarts, 2, "gone and back");
+    }
+
+    #[test]
+    fn a_daemon_is_roots_and_named_by_its_executable() {
+        let proc = testkit::temp_dir().join("proc");
+        let mk = |pid: &str, comm: &str, uid: u32, argv0: &str| {
+            let d = proc.join(pid);
+            std::fs::create_dir_all(&d).expect("dir");
+            std::fs::write(d.join("comm"), format!("{comm}\n")).expect("comm");
+            std::fs::write(
+                d.join("status"),
+                format!("Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
+            )
+            .expect("status");
+            std::fs::write(d.join("cmdline"), format!("{argv0}\0-c\0x\0")).expect("cmdline");
+        };
+        mk("100", "nv-fabricmanage", 0, "/usr/bin/nv-fabricmanager");
+        mk(
+            "200",
+            "nvidia-persiste",
+            1000,
+            "/usr/bin/nvidia-persistenced",
+        );
+        mk("300", "nvidia-imex", 0, "/tmp/not-imex");
+        assert_eq!(daemon_of(&proc, "100"), Some("nv-fabricmanager"));
+        assert_eq!(daemon_of(&proc, "200"), None, "not root");
+        assert_eq!(daemon_of(&proc, "300"), None, "its executable is another");
+        assert_eq!(
+            loaded_modules(
+                "nvidia_uvm 1896448 0 - Live 0x0000000000000000 (POE)\nnvidia 56811520 1 nvidia_uvm, Live 0x0 (POE)\n"
+            ),
+            vec!["nvidia_uvm", "nvidia"]
+        );
+    }
+}
