@@ -543,6 +543,7 @@ fn pynvml_reads_the_same_values() {
         "long-process-name.toml",
         "process-utilization.toml",
         "gpm-nan.toml",
+        "gb200-nvl72-tray.toml",
     ] {
         pynvml_agrees(&python, scenario);
     }
@@ -702,7 +703,77 @@ fn pynvml_agrees(python: &std::path::Path, scenario: &str) {
             0.0,
             "process memory",
         );
+        modes_agree(g, p, &what);
     }
+}
+
+/// The configuration and fabric series against what pynvml read.
+fn modes_agree(g: &serde_json::Value, p: &serde_json::Value, what: &str) {
+    let find = |name: &str, key: Option<(&str, &str)>| -> Option<f64> {
+        g["metrics"]
+            .as_array()?
+            .iter()
+            .find(|m| m["name"] == name && key.is_none_or(|(k, v)| m["attributes"][k] == v))
+            .and_then(|m| m["value"].as_f64())
+    };
+    assert_eq!(
+        find("gpu.persistence_mode", None),
+        p["persistence_mode"].as_f64(),
+        "{what} persistence"
+    );
+    assert_eq!(
+        find("gpu.ecc.mode", Some(("gpu.mode.setting", "current"))),
+        p["ecc_mode"][0].as_f64(),
+        "{what} ecc current"
+    );
+    assert_eq!(
+        find("gpu.ecc.mode", Some(("gpu.mode.setting", "pending"))),
+        p["ecc_mode"][1].as_f64(),
+        "{what} ecc pending"
+    );
+    // NVML_COMPUTEMODE_DEFAULT = 0, EXCLUSIVE_THREAD 1, PROHIBITED 2, EXCLUSIVE_PROCESS 3.
+    let modes = [
+        "default",
+        "exclusive_thread",
+        "prohibited",
+        "exclusive_process",
+    ];
+    let mode = p["compute_mode"].as_u64().map(|m| modes[m as usize]);
+    assert_eq!(
+        mode.and_then(|m| find("gpu.compute_mode", Some(("gpu.compute_mode", m)))),
+        mode.map(|_| 1.0),
+        "{what} compute mode"
+    );
+    let f = &p["fabric"];
+    if f.is_null() || f["state"] == 0 {
+        assert_eq!(
+            find("gpu.fabric.state", None),
+            None,
+            "{what}: no fabric series"
+        );
+        return;
+    }
+    let states = ["", "not_started", "in_progress", "completed"];
+    let state = states[f["state"].as_u64().expect("state") as usize];
+    assert_eq!(
+        find("gpu.fabric.state", Some(("gpu.fabric.state", state))),
+        Some(1.0),
+        "{what} fabric state"
+    );
+    assert_eq!(
+        find("gpu.fabric.health_mask", None),
+        f["mask"].as_f64(),
+        "{what} fabric health mask"
+    );
+    let clique = f["clique"].as_u64().expect("clique").to_string();
+    assert_eq!(
+        find(
+            "gpu.fabric.info",
+            Some(("gpu.fabric.clique_id", clique.as_str()))
+        ),
+        Some(1.0),
+        "{what} clique"
+    );
 }
 
 /// A real Prometheus server scrapes the endpoint and answers a query with the scenario's

@@ -4,6 +4,21 @@ import json
 
 import pynvml as n
 
+def maybe(f):
+    """f(), or None where the GPU or the library lacks the call."""
+    try:
+        return f()
+    except n.NVMLError:
+        return None
+
+
+def fabric(h):
+    info = n.c_nvmlGpuFabricInfo_v3_t()
+    n.nvmlDeviceGetGpuFabricInfoV(h, n.byref(info))
+    return {"state": info.state, "status": info.status, "clique": info.cliqueId,
+            "mask": info.healthMask, "summary": info.healthSummary}
+
+
 n.nvmlInit()
 gpus = []
 for i in range(n.nvmlDeviceGetCount()):
@@ -28,6 +43,10 @@ for i in range(n.nvmlDeviceGetCount()):
         "ecc_corrected_aggregate": n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_AGGREGATE_ECC),
         "first_pid": procs[0].pid,
         "first_pid_memory": procs[0].usedGpuMemory,
+        "persistence_mode": maybe(lambda: n.nvmlDeviceGetPersistenceMode(h)),
+        "ecc_mode": maybe(lambda: list(n.nvmlDeviceGetEccMode(h))),
+        "compute_mode": maybe(lambda: n.nvmlDeviceGetComputeMode(h)),
+        "fabric": maybe(lambda: fabric(h)),
     })
 n.nvmlShutdown()
 print(json.dumps({"gpus": gpus}))

@@ -139,6 +139,120 @@ const FIELDS: &[Field] = &[
     },
 ];
 
+/// A setting nvidia-smi prints as a word: its query name, Junction's metric, and where
+/// Junction keeps the setting (`Value(attr)`: the series' value, 1 for `Enabled`; `Label(key)`:
+/// the label of the series whose value is 1).
+struct Setting {
+    smi: &'static str,
+    metric: &'static str,
+    how: How,
+}
+
+enum How {
+    Value(Option<(&'static str, &'static str)>),
+    Label(&'static str),
+}
+
+const SETTINGS: &[Setting] = &[
+    Setting {
+        smi: "persistence_mode",
+        metric: "gpu.persistence_mode",
+        how: How::Value(None),
+    },
+    Setting {
+        smi: "ecc.mode.current",
+        metric: "gpu.ecc.mode",
+        how: How::Value(Some(("gpu.mode.setting", "current"))),
+    },
+    Setting {
+        smi: "ecc.mode.pending",
+        metric: "gpu.ecc.mode",
+        how: How::Value(Some(("gpu.mode.setting", "pending"))),
+    },
+    Setting {
+        smi: "mig.mode.current",
+        metric: "gpu.mig.mode",
+        how: How::Value(None),
+    },
+    Setting {
+        smi: "mig.mode.pending",
+        metric: "gpu.mig.mode.pending",
+        how: How::Value(None),
+    },
+    Setting {
+        smi: "compute_mode",
+        metric: "gpu.compute_mode",
+        how: How::Label("gpu.compute_mode"),
+    },
+    Setting {
+        smi: "fabric.state",
+        metric: "gpu.fabric.state",
+        how: How::Label("gpu.fabric.state"),
+    },
+];
+
+/// nvidia-smi's word for a setting as Junction spells it (`Enabled` → `1`, `In Progress` →
+/// `in_progress`, `Exclusive_Process` → `exclusive_process`).
+fn smi_word(w: &str) -> String {
+    match w.trim() {
+        "Enabled" => "1".into(),
+        "Disabled" => "0".into(),
+        other => other.to_lowercase().replace(' ', "_"),
+    }
+}
+
+/// Compares the settings, each with a query of its own (an nvidia-smi that does not know a
+/// field, such as `fabric.state` before R550, fails only that one); returns the mismatches.
+fn compare_settings(j: &BTreeMap<String, serde_json::Value>) -> usize {
+    let mut failures = 0;
+    for s in SETTINGS {
+        let out = Command::new("nvidia-smi")
+            .arg(format!("--query-gpu=uuid,{}", s.smi))
+            .arg("--format=csv,noheader,nounits")
+            .output();
+        let Some(out) = out.ok().filter(|o| o.status.success()) else {
+            println!(
+                "{:<40} {:<38} {:>14} {:>14} {:>9}",
+                "*", s.smi, "", "", "smi n/a"
+            );
+            continue;
+        };
+        for row in parse_csv(&String::from_utf8_lossy(&out.stdout), &["uuid", s.smi]) {
+            let uuid = row.get("uuid").cloned().unwrap_or_default();
+            let smi_v = row.get(s.smi).map(|w| smi_word(w));
+            let j_v = j.get(&uuid).and_then(|g| match s.how {
+                How::Value(attr) => metric(g, s.metric, attr).map(|v| format!("{v:.0}")),
+                How::Label(key) => label(g, s.metric, key),
+            });
+            let (result, bad) = match (&j_v, &smi_v) {
+                (Some(a), Some(b)) if a == b => ("ok", false),
+                (Some(_), Some(_)) => ("MISMATCH", true),
+                (None, None) => ("n/a", false),
+                (Some(_), None) => ("smi n/a", false),
+                (None, Some(_)) => ("MISSING", true),
+            };
+            failures += usize::from(bad);
+            println!(
+                "{uuid:<40} {:<38} {:>14} {:>14} {result:>9}  exact",
+                s.smi,
+                j_v.as_deref().unwrap_or("-"),
+                smi_v.as_deref().unwrap_or("-"),
+            );
+        }
+    }
+    failures
+}
+
+/// The `key` label of the `name` series whose value is 1.
+fn label(gpu: &serde_json::Value, name: &str, key: &str) -> Option<String> {
+    gpu["metrics"]
+        .as_array()?
+        .iter()
+        .find(|m| m["name"] == name && m["value"].as_f64() == Some(1.0))
+        .and_then(|m| m["attributes"][key].as_str())
+        .map(str::to_string)
+}
+
 /// Runs the check; `Ok` on a host without a GPU (dry run).
 pub fn run_check() -> Result<()> {
     let smi = Command::new("nvidia-smi").arg("-L").output();
@@ -242,6 +356,7 @@ pub fn run_check() -> Result<()> {
             used
         );
     }
+    failures += compare_settings(&j);
     pynvml_cross_check(&junction)?;
     if failures > 0 {
         bail!("gpu-check: {failures} field(s) disagree");

@@ -80,15 +80,18 @@ export!(
         info: *mut nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_t,
     ) {
         let (uuid, status, clique, state, _, _) = fabric(device, "nvmlDeviceGetGpuFabricInfo")?;
-        Ok(put(
-            info,
-            nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_t {
-                clusterUuid: uuid,
-                status,
-                cliqueId: clique,
-                state,
-            },
-        ))
+        if info.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; zeroed and then filled field by field, as the driver's.
+        unsafe {
+            std::ptr::write_bytes(info, 0, 1);
+            (*info).clusterUuid = uuid;
+            (*info).status = status;
+            (*info).cliqueId = clique;
+            (*info).state = state;
+        }
+        Ok(SUCCESS)
     }
 );
 
@@ -112,31 +115,35 @@ export!(
             | 3 << 24;
         let (uuid, status, clique, state, mask, summary) =
             fabric(device, "nvmlDeviceGetGpuFabricInfoV")?;
+        // The driver hands back a zeroed struct with its fields set: its padding reads 0
+        // (pynvml declares the one-byte state as a c_uint and reads three padding bytes
+        // with it), so the fields are written one by one, never a whole Rust value.
         if version == v3 {
-            Ok(put(
-                info,
-                nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_v3_t {
-                    version,
-                    clusterUuid: uuid,
-                    status,
-                    cliqueId: clique,
-                    state,
-                    healthMask: mask,
-                    healthSummary: summary,
-                },
-            ))
+            // SAFETY: non-null, and as large as the v3 version word says.
+            unsafe {
+                std::ptr::write_bytes(info, 0, 1);
+                (*info).version = version;
+                (*info).clusterUuid = uuid;
+                (*info).status = status;
+                (*info).cliqueId = clique;
+                (*info).state = state;
+                (*info).healthMask = mask;
+                (*info).healthSummary = summary;
+            }
+            Ok(SUCCESS)
         } else if version == v2 {
-            Ok(put(
-                info.cast::<nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_v2_t>(),
-                nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_v2_t {
-                    version,
-                    clusterUuid: uuid,
-                    status,
-                    cliqueId: clique,
-                    state,
-                    healthMask: mask,
-                },
-            ))
+            let v = info.cast::<nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_v2_t>();
+            // SAFETY: non-null, and as large as the v2 version word says.
+            unsafe {
+                std::ptr::write_bytes(v, 0, 1);
+                (*v).version = version;
+                (*v).clusterUuid = uuid;
+                (*v).status = status;
+                (*v).cliqueId = clique;
+                (*v).state = state;
+                (*v).healthMask = mask;
+            }
+            Ok(SUCCESS)
         } else {
             Err(ERROR_ARGUMENT_VERSION_MISMATCH)
         }
