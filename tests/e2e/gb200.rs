@@ -1,7 +1,8 @@
 //! A GB200 NVL72 compute tray (`tests/scenarios/gb200-nvl72-tray.toml`) through the real
-//! `junction`: the configuration and fabric series with the scenario's values; a fabric
-//! registration that drops to in progress, a route that turns unhealthy and a pending ECC
-//! change each raise their reason and clear once the scenario puts them right; a fabric
+//! `junction`: the configuration and fabric series with the scenario's values; a BER ramp, a
+//! fabric registration that drops to in progress, a route that turns unhealthy, a pending ECC
+//! change and lost P2P each raise their reason and clear once the scenario puts them right;
+//! a fabric
 //! manager the test starts, kills and starts again; and an `[expect]` section with one
 //! wrong value per kind, one `config_drift` finding per setting in `junction inventory`.
 
@@ -106,9 +107,12 @@ fn a_gb200_tray_reports_its_fabric_and_modes_and_each_fault_raises_then_clears()
     // From 20 s: GPU 1 registers again, GPU 2's route is unhealthy, GPU 3 has an ECC change
     // pending. Each raises its reason within an interval or two.
     let page = agent.wait_for(Duration::from_secs(40), |m| {
-        reason(m, &uuids[1], "fabric_incomplete") == Some(1.0)
+        reason(m, &uuids[0], "nvlink_ber_high") == Some(1.0)
+            && reason(m, &uuids[1], "fabric_incomplete") == Some(1.0)
             && reason(m, &uuids[2], "fabric_unhealthy") == Some(1.0)
             && reason(m, &uuids[3], "mode_change_pending") == Some(1.0)
+            && reason(m, &uuids[3], "p2p_lost") == Some(1.0)
+            && reason(m, &uuids[0], "p2p_lost") == Some(1.0)
     });
     assert!(
         started.elapsed() < Duration::from_secs(45),
@@ -142,7 +146,43 @@ fn a_gb200_tray_reports_its_fabric_and_modes_and_each_fault_raises_then_clears()
     assert_eq!(
         reason(&page, &uuids[0], "fabric_incomplete"),
         None,
-        "GPU 0 is fine"
+        "GPU 0's registration is fine"
+    );
+    let ber = value(
+        &s,
+        "gpu_nvlink_ber_ratio",
+        &[
+            ("hw_id", &uuids[0]),
+            ("gpu_nvlink_link", "17"),
+            ("gpu_nvlink_ber_type", "effective"),
+        ],
+    )
+    .expect("the effective BER of link 17");
+    assert!((ber - 5e-12).abs() < 1e-15, "{ber}");
+    assert_eq!(
+        value(
+            &s,
+            "gpu_p2p_peers",
+            &[
+                ("hw_id", &uuids[3]),
+                ("gpu_p2p_capability", "nvlink"),
+                ("gpu_p2p_missing", "0,1,2")
+            ]
+        ),
+        Some(0.0),
+        "GPU 3 lost P2P with every peer"
+    );
+    assert_eq!(
+        value(
+            &s,
+            "hw_status",
+            &[
+                ("hw_id", &uuids[3]),
+                ("hw_type", "gpu"),
+                ("hw_state", "failed")
+            ]
+        ),
+        Some(1.0)
     );
     // The fabric manager stops: down on every GPU; started again: a restart, then clear.
     if let Some(f) = fm.as_mut() {
@@ -164,9 +204,11 @@ fn a_gb200_tray_reports_its_fabric_and_modes_and_each_fault_raises_then_clears()
     agent.wait_for(Duration::from_secs(60), |m| {
         uuids.iter().all(|u| {
             [
+                "nvlink_ber_high",
                 "fabric_incomplete",
                 "fabric_unhealthy",
                 "mode_change_pending",
+                "p2p_lost",
                 "fabric_manager_down",
             ]
             .iter()

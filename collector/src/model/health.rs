@@ -149,6 +149,10 @@ closed_set! {
         FabricUnhealthy = "fabric_unhealthy",
         /// Fabric: the fabric manager is down or restarting.
         FabricManagerDown = "fabric_manager_down",
+        /// NVLink5: a link's effective bit-error rate is over its threshold, or rising.
+        NvlinkBerHigh = "nvlink_ber_high",
+        /// P2P: the GPU lost P2P with peers it had it with.
+        P2pLost = "p2p_lost",
     }
 }
 

@@ -193,7 +193,9 @@ registry! {
     NvlinkIo = "gpu.nvlink.io", "By", Counter, ["gpu.nvlink.link", "network.io.direction"], Nvlink,
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX) (KiB)", "NVLink data bytes transmitted and received.";
     NvlinkErrors = "gpu.nvlink.errors", "{error}", Counter, ["gpu.nvlink.link", "gpu.nvlink.error.type"], Nvlink,
-        "nvmlDeviceGetNvLinkErrorCounter", "NVLink errors: replay, recovery, crc_flit, crc_data, ecc_data.";
+        "nvmlDeviceGetNvLinkErrorCounter; NVLink5: nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS / _SYMBOL_ERRORS)", "NVLink errors: replay, recovery, crc_flit, crc_data, ecc_data; on NVLink5, effective (left after FEC) and symbol (before FEC).";
+    NvlinkBer = "gpu.nvlink.ber", "1", Gauge, ["gpu.nvlink.link", "gpu.nvlink.ber.type"], Nvlink,
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER / _SYMBOL_BER), mantissa × 10^-exponent", "NVLink5 bit-error rate per link: effective (after FEC; DCGM fails a link above 1e-12) and symbol (before FEC).";
     NvlinkRecovery = "gpu.nvlink.link_recovery", "{event}", Counter, ["gpu.nvlink.link", "gpu.nvlink.recovery.outcome"], Nvlink,
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*) per link", "NVLink link-recovery events: successful, failed, all (Blackwell and newer).";
     ProcessCount = "gpu.processes", "{process}", UpDownCounter, ["gpu.process.type"], Processes,
@@ -264,6 +266,8 @@ registry! {
         "nvmlDeviceGetGpuFabricInfoV (healthMask, healthSummary)", "1 if a fabric health check fails: degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery, incorrect_configuration, summary (the driver's own summary: unhealthy or limited capacity); only the checks the GPU reports.";
     FabricHealthMask = "gpu.fabric.health_mask", "{bitmask}", Gauge, [], Config,
         "nvmlDeviceGetGpuFabricInfoV (healthMask)", "The raw fabric health mask (a healthy GPU reads 0x1AA = 426, not 0).";
+    P2pPeers = "gpu.p2p.peers", "{gpu}", Gauge, ["gpu.p2p.capability", "gpu.p2p.missing"], Config,
+        "nvmlDeviceGetP2PStatus with every other GPU (read at start and every 6 config collections)", "Other GPUs this one has P2P with, per capability (read, write, nvlink, atomics); gpu.p2p.missing lists the NVML indices of those it lacks it with (at most 16).";
     KernelModule = "node.kernel_module.loaded", "{state}", Gauge, ["kernel.module"], Status,
         "/proc/modules", "1 for each NVIDIA kernel module that is loaded (nvidia, nvidia_uvm, nvidia_modeset, nvidia_drm, nvidia_peermem, nvidia_fs), 0 for each that is not.";
     DaemonUp = "node.daemon.up", "{state}", Gauge, ["node.daemon"], Status,

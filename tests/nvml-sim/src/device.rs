@@ -665,6 +665,12 @@ const FI_TEMP_GPU_MAX_TLIMIT: u32 = 196;
 const FI_NVLINK_RECOVERY_SUCCESSFUL: u32 = 213;
 const FI_NVLINK_RECOVERY_FAILED: u32 = 214;
 const FI_NVLINK_RECOVERY_EVENTS: u32 = 215;
+/// NVLink5 per-link error counters (`NVML_FI_DEV_NVLINK_COUNT_{EFFECTIVE,SYMBOL}_{ERRORS,BER}`);
+/// the BER fields encode mantissa (bits 11:8) and exponent (7:0): mantissa × 10^-exponent.
+const FI_NVLINK_EFFECTIVE_ERRORS: u32 = 219;
+const FI_NVLINK_EFFECTIVE_BER: u32 = 220;
+const FI_NVLINK_SYMBOL_ERRORS: u32 = 221;
+const FI_NVLINK_SYMBOL_BER: u32 = 222;
 const FI_RECOVERY_ACTION: u32 = 230;
 /// The clock-event-reason time counters in CUDA 12 / 13.0 numbering (`_SW_THERM_SLOWDOWN`,
 /// `_HW_THERM_SLOWDOWN`, `_HW_POWER_BRAKE_SLOWDOWN`). Drivers from 580.82 (CUDA 13.0
@@ -678,6 +684,16 @@ const VALUE_DOUBLE: u32 = 0;
 const VALUE_UINT: u32 = 1;
 const VALUE_ULL: u32 = 3;
 const VALUE_SINT: u32 = 5;
+
+/// A BER as the NVLink5 fields encode it: mantissa (1–10) in bits 11:8, exponent in 7:0.
+fn encode_ber(ber: f64) -> f64 {
+    if ber <= 0.0 || !ber.is_finite() {
+        return 0.0;
+    }
+    let exp = (-ber.log10()).floor() + 1.0;
+    let mantissa = (ber * 10f64.powf(exp)).round().clamp(1.0, 15.0);
+    (mantissa as u64 * 256 + (exp.clamp(0.0, 255.0) as u64)) as f64
+}
 
 /// True if the driver version uses the CUDA 13.0 Update 1 field numbering (580.82 and later).
 fn renumbered_fields(version: &str) -> bool {
@@ -748,6 +764,19 @@ export!(
                 }
                 FI_NVLINK_RECOVERY_EVENTS if nvlink && newer => {
                     (VALUE_ULL, g.value("nvlink_recovery_events", now))
+                }
+                FI_NVLINK_EFFECTIVE_ERRORS if nvlink && newer => {
+                    (VALUE_ULL, g.value("nvlink_effective_errors", now))
+                }
+                FI_NVLINK_SYMBOL_ERRORS if nvlink && newer => {
+                    (VALUE_ULL, g.value("nvlink_symbol_errors", now))
+                }
+                FI_NVLINK_EFFECTIVE_BER if nvlink && newer => (
+                    VALUE_ULL,
+                    g.value("nvlink_effective_ber", now).map(encode_ber),
+                ),
+                FI_NVLINK_SYMBOL_BER if nvlink && newer => {
+                    (VALUE_ULL, g.value("nvlink_symbol_ber", now).map(encode_ber))
                 }
                 _ => (VALUE_UINT, None),
             };

@@ -1,11 +1,9 @@
-//! How the GPU and the node are set up against what the fleet expects, and the NVLink fabric:
+//! How the GPU and the node are set up against what the fleet expects (`[expect]`), and the
+//! fabric manager; the fabric's own rules are in `fabric.rs`:
 //!
 //! | reason | when | state | action | from |
 //! |---|---|---|---|---|
 //! | `config_drift` | a setting differs from `[expect]` (each one named in the detail and as `node.config.drift{junction.setting}`) | degraded | none | GPUd persistence-mode, ECC and GPU-count checks; DCGM `DCGM_FR_PERSISTENCE_MODE` |
-//! | `mode_change_pending` | ECC or MIG mode will change at the next GPU reset (current ≠ pending) | degraded | reset_gpu | `nvmlDeviceGetEccMode` / `nvmlDeviceGetMigMode` (pending takes effect after a reset) |
-//! | `fabric_incomplete` | the GPU's fabric registration is not completed (not started: failed; in progress: degraded), or completed with an error | failed / degraded | reboot_node | DCGM fabric probe state (`DCGM_FR_FABRIC_PROBE_STATE`: in progress warns, the rest fail); NVSentinel `FABRIC_STATE_UNHEALTHY` |
-//! | `fabric_unhealthy` | a fabric health check fails (bandwidth degraded, route recovery or unhealthy, access-timeout recovery, incorrect configuration); the driver's summary alone (limited capacity): degraded | failed / degraded | drain_and_service | DCGM fabric health watch (each true mask field fails); GPUd fabric state |
 //! | `fabric_manager_down` | `nv-fabricmanager` is expected (`[expect] daemons`) and not running, or it restarted since the last evaluation | failed / degraded | none | GPUd fabric-manager check; NVSentinel `FABRIC_MANAGER_NOT_RUNNING` / `FABRIC_MANAGER_FLAPPING` |
 
 use std::collections::BTreeMap;
@@ -14,6 +12,7 @@ use crate::config::{Invalid, config_section};
 use crate::model::health::{Action, Code, Finding};
 use crate::model::{GpuSlot, HealthState, Metric, Model, Sample};
 
+use super::fabric::{fabric_and_modes, nvlink, p2p};
 use super::rules::{find, samples};
 
 config_section! {
@@ -235,83 +234,25 @@ fn node_mismatches(node: &Node, x: &ExpectConfig, out: &mut Vec<(&'static str, S
     }
 }
 
-/// The fabric's and the modes' findings for one GPU (no `[expect]` needed).
-pub fn fabric_and_modes(slot: &GpuSlot) -> Vec<Finding> {
-    use HealthState::{Degraded, Failed};
-    let mut out = Vec::new();
-    let v = |m: Metric, attrs: &[(&str, &str)]| find(samples(slot), m, attrs);
-    let mut pending = Vec::new();
-    if let (Some(c), Some(p)) = (
-        v(Metric::EccMode, &[("gpu.mode.setting", "current")]),
-        v(Metric::EccMode, &[("gpu.mode.setting", "pending")]),
-    ) && c != p
-    {
-        pending.push(format!("ECC {} → {}", on(c), on(p)));
-    }
-    if let (Some(c), Some(p)) = (v(Metric::MigMode, &[]), v(Metric::MigModePending, &[]))
-        && c != p
-    {
-        pending.push(format!("MIG {} → {}", on(c), on(p)));
-    }
-    if !pending.is_empty() {
-        out.push(Finding {
-            code: Code::ModeChangePending,
-            state: Degraded,
-            action: Action::ResetGpu,
-            detail: format!("{}: takes effect at the next GPU reset", pending.join(", ")),
-        });
-    }
-    let state = samples(slot)
-        .find(|s| s.metric == Metric::FabricState && s.value > 0.5)
-        .and_then(|s| s.attr("gpu.fabric.state"));
-    let status = samples(slot)
-        .find(|s| s.metric == Metric::FabricInfo)
-        .and_then(|s| s.attr("gpu.fabric.status"));
-    let incomplete = match (state, status) {
-        (Some("in_progress"), _) => Some((Degraded, "fabric registration in progress".to_string())),
-        (Some("not_started"), _) => Some((Failed, "fabric registration not started".to_string())),
-        (Some("completed"), Some(s)) if s != "success" => {
-            Some((Failed, format!("fabric registration completed with {s}")))
-        }
-        _ => None,
-    };
-    if let Some((state, detail)) = incomplete {
-        out.push(Finding {
-            code: Code::FabricIncomplete,
-            state,
-            action: Action::RebootNode,
-            detail: format!(
-                "{detail}: the GPU is not (yet) part of the NVLink fabric; check the fabric manager"
-            ),
-        });
-    }
-    let failing: Vec<&str> = samples(slot)
-        .filter(|s| s.metric == Metric::FabricHealth && s.value > 0.5)
-        .filter_map(|s| s.attr("gpu.fabric.health.check"))
-        .collect();
-    if !failing.is_empty() {
-        let only_summary = failing == ["summary"];
-        out.push(Finding {
-            code: Code::FabricUnhealthy,
-            state: if only_summary { Degraded } else { Failed },
-            action: Action::DrainAndService,
-            detail: format!("fabric health: {}", failing.join(", ")),
-        });
-    }
-    out
-}
-
-fn on(v: f64) -> &'static str {
-    if v > 0.5 { "on" } else { "off" }
-}
-
 /// Evaluates `[expect]` and the fabric manager: per-GPU findings, and the drift series.
 #[derive(Debug, Default)]
 pub struct Drift {
     fm_restarts: Option<f64>,
+    effective_errors: BTreeMap<String, Option<f64>>,
+    p2p_best: BTreeMap<String, BTreeMap<String, f64>>,
+    /// `health.nvlink_effective_ber_max`.
+    ber_max: f64,
 }
 
 impl Drift {
+    /// With the NVLink5 effective-BER threshold.
+    pub fn new(ber_max: f64) -> Self {
+        Self {
+            ber_max,
+            ..Self::default()
+        }
+    }
+
     /// The findings of every GPU (by UUID), and the `node.config.drift` series into `out`.
     pub fn evaluate(
         &mut self,
@@ -332,6 +273,13 @@ impl Drift {
         let fm_down = fm_expected && fm.is_some_and(|f| !f.0);
         for slot in model.snapshot() {
             let mut f = fabric_and_modes(&slot);
+            let last = self
+                .effective_errors
+                .entry(slot.info.uuid.clone())
+                .or_default();
+            f.extend(nvlink(&slot, self.ber_max, last));
+            let best = self.p2p_best.entry(slot.info.uuid.clone()).or_default();
+            f.extend(p2p(&slot, best));
             let m = mismatches(&slot, &node, x);
             if !m.is_empty() {
                 for (k, _) in &m {

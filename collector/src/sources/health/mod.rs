@@ -12,6 +12,7 @@
 
 pub mod drift;
 pub mod escalation;
+pub mod fabric;
 pub mod forecast;
 mod memory;
 pub mod rules;
@@ -59,6 +60,9 @@ config_section! {
         pub xid_repeat_window_secs: u64 = 86400,
         /// Xid 13 or 31 from this many processes on one GPU within the window: the GPU's.
         pub xid_repeat_processes: u32 = 3,
+        /// An NVLink5 link whose effective bit-error rate (after FEC) is above this fails
+        /// its GPU (DCGM: 1e-12).
+        pub nvlink_effective_ber_max: f64 = 1e-12,
         /// The same health reason raised on a GPU in this many boots within
         /// `reboots_window_secs`: resets and reboots do not clear it (`resets_ineffective`).
         pub reboots_count: u32 = 3,
@@ -158,6 +162,7 @@ const FORECASTS: [(&str, &str); 2] = [
 
 impl Evaluator {
     fn new(cfg: HealthConfig, expect: drift::ExpectConfig) -> Self {
+        let ber_max = cfg.nvlink_effective_ber_max;
         let params = Params {
             window_secs: cfg.forecast_window_secs as f64,
             gate: cfg.forecast_gate_celsius,
@@ -166,7 +171,7 @@ impl Evaluator {
         Self {
             cfg,
             expect,
-            drift: drift::Drift::default(),
+            drift: drift::Drift::new(ber_max),
             params,
             start: Instant::now(),
             gpus: BTreeMap::new(),

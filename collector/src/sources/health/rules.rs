@@ -73,6 +73,8 @@ pub const CODES: &[Code] = &[
     Code::FabricIncomplete,
     Code::FabricUnhealthy,
     Code::FabricManagerDown,
+    Code::NvlinkBerHigh,
+    Code::P2pLost,
 ];
 
 /// The samples of a slot.

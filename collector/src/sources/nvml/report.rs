@@ -26,11 +26,12 @@ fn expected(feature: &str) -> Option<&'static str> {
 
 /// Features whose absence is the rule on most GPUs and says nothing: logged at debug level
 /// (`junction inventory` lists them): the fabric state exists only on NVLink-fabric systems,
-/// the GSP firmware only where the driver runs it, and neither call on old drivers.
+/// the GSP firmware only where the driver runs it, the NVLink5 counters only on Blackwell, and
+/// none of them on old drivers.
 pub fn quiet(feature: &str) -> bool {
     matches!(
         feature,
-        "fabric_info" | "gsp_firmware" | "gsp_firmware_version"
+        "fabric_info" | "gsp_firmware" | "gsp_firmware_version" | "nvlink5_counters"
     )
 }
 

@@ -79,6 +79,9 @@ pub struct Ctx<'n> {
     pub mig_devices: Vec<MigDevice>,
     /// MIG mode seen by the last MIG collection.
     pub mig_mode: Option<bool>,
+    /// Config collections since P2P was last read, and what it read (P2P is topology: read
+    /// at start and every few collections, not every time).
+    pub p2p: (u32, Vec<Sample>),
     /// Per-process attributes (name, container, pod), cached for the live process list.
     pub proc_names: BTreeMap<u32, Vec<(&'static str, crate::model::AttrValue)>>,
     /// Newest per-process utilization timestamp seen (µs, CPU clock); 0 before the first.
@@ -429,6 +432,7 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
         gpm: GpmState::default(),
         mig_devices: Vec::new(),
         mig_mode: None,
+        p2p: (0, Vec::new()),
         proc_names: BTreeMap::new(),
         last_process_sample: 0,
         process_window,

@@ -5,7 +5,7 @@
 //! `NOT_SUPPORTED`, or the call NOT_SUPPORTED: PCIe cards, pre-Hopper GPUs) reports none of
 //! the fabric series.
 
-use nvml_wrapper::enum_wrappers::device::ComputeMode;
+use nvml_wrapper::enum_wrappers::device::{ComputeMode, P2pCapabilitiesIndex, P2pStatus};
 
 use super::raw::{self, FabricInfo};
 use crate::model::{Metric, Sample};
@@ -63,6 +63,7 @@ pub(super) fn config(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
                 .with("gpu.gsp.default", if m.default { "true" } else { "false" }),
         );
     }
+    p2p(ctx, out)?;
     let nvml = ctx.nvml;
     if let Some(f) = ctx.call("fabric_info", |d| raw::fabric_info(nvml, d))? {
         if f.state == 0 {
@@ -71,6 +72,63 @@ pub(super) fn config(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
             fabric(&f, out);
         }
     }
+    Ok(())
+}
+
+/// P2P capabilities read, with `gpu.p2p.capability`.
+const P2P: [(P2pCapabilitiesIndex, &str); 4] = [
+    (P2pCapabilitiesIndex::Read, "read"),
+    (P2pCapabilitiesIndex::Write, "write"),
+    (P2pCapabilitiesIndex::NvLink, "nvlink"),
+    (P2pCapabilitiesIndex::Atomics, "atomics"),
+];
+
+/// Config collections between two P2P reads (a minute at the default 10 s).
+const P2P_EVERY: u32 = 6;
+
+/// How many peers this GPU has P2P with, per capability (`nvmlDeviceGetP2PStatus` with every
+/// other GPU: OK counts), and the peers it lacks it with (by NVML index, in
+/// `gpu.p2p.missing`): a count per capability bounds the series however many GPUs there are.
+fn p2p(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
+    let (tick, cached) = &mut ctx.p2p;
+    if *tick % P2P_EVERY != 0 && !cached.is_empty() {
+        *tick += 1;
+        out.extend(cached.iter().cloned());
+        return Ok(());
+    }
+    *tick = 1;
+    let nvml = ctx.nvml;
+    let me = crate::model::lock(&ctx.slot).info.index;
+    let Some(count) = ctx.call("p2p_status", |_| nvml.device_count())? else {
+        return Ok(());
+    };
+    let mut samples = Vec::new();
+    for (index, cap) in P2P {
+        let mut ok = 0u32;
+        let mut missing = Vec::new();
+        for peer in (0..count).filter(|p| *p != me) {
+            let Some(s) = ctx.call("p2p_status", |d| {
+                let other = nvml.device_by_index(peer)?;
+                d.p2p_status(&other, index)
+            })?
+            else {
+                return Ok(());
+            };
+            if s == P2pStatus::Ok {
+                ok += 1;
+            } else {
+                missing.push(peer.to_string());
+            }
+        }
+        missing.truncate(16);
+        samples.push(
+            Sample::new(Metric::P2pPeers, f64::from(ok))
+                .with("gpu.p2p.capability", cap)
+                .with("gpu.p2p.missing", missing.join(",")),
+        );
+    }
+    ctx.p2p.1 = samples.clone();
+    out.extend(samples);
     Ok(())
 }
 

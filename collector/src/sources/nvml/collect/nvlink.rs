@@ -1,11 +1,14 @@
-//! NVLink per link: state, data counters, errors and (Blackwell) link recovery. Each link and
+//! NVLink per link: state, data counters, errors, (Blackwell) link recovery and the NVLink5
+//! error counters and bit-error rates. Each link and
 //! counter is a feature of its own, so that one unsupported link or counter does not switch
 //! off the others.
 
 use super::raw::{self, Decode, FieldRequest};
 use super::{
-    FI_NVLINK_LINK_COUNT, FI_NVLINK_RECOVERY_EVENTS, FI_NVLINK_RECOVERY_FAILED,
-    FI_NVLINK_RECOVERY_SUCCESSFUL, FI_NVLINK_RX, FI_NVLINK_TX, MAX_NVLINKS, field, index_name,
+    FI_NVLINK_EFFECTIVE_BER, FI_NVLINK_EFFECTIVE_ERRORS, FI_NVLINK_LINK_COUNT,
+    FI_NVLINK_RECOVERY_EVENTS, FI_NVLINK_RECOVERY_FAILED, FI_NVLINK_RECOVERY_SUCCESSFUL,
+    FI_NVLINK_RX, FI_NVLINK_SYMBOL_BER, FI_NVLINK_SYMBOL_ERRORS, FI_NVLINK_TX, MAX_NVLINKS, field,
+    index_name,
 };
 use crate::model::{Feature, Metric, Sample};
 use crate::sources::nvml::worker::{Ctx, Halt};
@@ -26,6 +29,68 @@ const RECOVERY: [(u32, &str); 3] = [
     (FI_NVLINK_RECOVERY_FAILED, "failed"),
     (FI_NVLINK_RECOVERY_EVENTS, "all"),
 ];
+
+/// NVLink5's per-link counters: (field, `gpu.nvlink.error.type` or BER type, is a BER).
+const NVLINK5: [(u32, &str, bool); 4] = [
+    (FI_NVLINK_EFFECTIVE_ERRORS, "effective", false),
+    (FI_NVLINK_EFFECTIVE_BER, "effective", true),
+    (FI_NVLINK_SYMBOL_ERRORS, "symbol", false),
+    (FI_NVLINK_SYMBOL_BER, "symbol", true),
+];
+
+/// A BER field's value: mantissa (bits 11:8) × 10^-exponent (bits 7:0), as nvml.h's
+/// `NVML_NVLINK_BER_{MANTISSA,EXP}_{SHIFT,WIDTH}` define it; 0 reads 0.
+pub fn decode_ber(raw: u64) -> f64 {
+    let mantissa = (raw >> 8) & 0xF;
+    let exp = raw & 0xFF;
+    mantissa as f64 * 10f64.powi(-(exp as i32))
+}
+
+/// The NVLink5 error counters and BERs of one link (pre-Blackwell parts answer
+/// NOT_SUPPORTED for every field: the link's group is disabled).
+fn nvlink5(ctx: &mut Ctx<'_>, link: u32, out: &mut Vec<Sample>) -> Result<(), Halt> {
+    let nvml = ctx.nvml;
+    let name = index_name(link);
+    let requests: Vec<FieldRequest> = NVLINK5
+        .iter()
+        .map(|(id, _, _)| FieldRequest {
+            id: *id,
+            scope: link,
+            decode: Decode::Typed,
+        })
+        .collect();
+    let feature = Feature::at("nvlink5_counters", link);
+    let Some(v) = ctx.call(feature, |d| raw::field_values(nvml, d, &requests))? else {
+        return Ok(());
+    };
+    let mut any = false;
+    let mut unsupported = None;
+    for (r, (_, ty, ber)) in v.into_iter().zip(NVLINK5) {
+        match r {
+            Ok(x) if ber => {
+                any = true;
+                out.push(
+                    Sample::new(Metric::NvlinkBer, decode_ber(x.max(0.0) as u64))
+                        .with("gpu.nvlink.link", name)
+                        .with("gpu.nvlink.ber.type", ty),
+                );
+            }
+            Ok(x) => {
+                any = true;
+                out.push(
+                    Sample::new(Metric::NvlinkErrors, x)
+                        .with("gpu.nvlink.link", name)
+                        .with("gpu.nvlink.error.type", ty),
+                );
+            }
+            Err(e) => unsupported = Some(e),
+        }
+    }
+    if let Some(e) = unsupported.filter(|_| !any) {
+        ctx.failed(feature, e)?;
+    }
+    Ok(())
+}
 
 pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     let Some(links) = field(ctx, "nvlink", FI_NVLINK_LINK_COUNT, Decode::Typed)? else {
@@ -80,6 +145,7 @@ pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
                 );
             }
         }
+        nvlink5(ctx, link, out)?;
         let requests: Vec<FieldRequest> = RECOVERY
             .iter()
             .map(|(id, _)| FieldRequest {
