@@ -90,6 +90,7 @@ fn a_gb200_tray_reports_its_fabric_and_modes_and_each_fault_raises_then_clears()
             Some(1.0)
         );
         assert_eq!(v("gpu_fabric_health_mask", &[]), Some(f64::from(0x11AA)));
+        assert_eq!(v("gpu_c2c_link_state", &[("gpu_c2c_link", "0")]), Some(1.0));
     }
     assert_eq!(
         value(
@@ -304,16 +305,28 @@ gpus = 72
 }
 
 #[test]
-fn gpus_without_a_fabric_report_no_fabric_series_and_log_nothing_new() {
+fn gpus_without_a_fabric_report_no_fabric_series_and_log_nothing_new_and_a_gh200_its_c2c_link() {
     for (scenario, variant) in [
         ("h100-training.toml", "current"),
         ("old-driver.toml", "legacy"),
+        ("gh200.toml", "current"),
     ] {
         let mut agent = Agent::start(scenario, variant);
         let page = agent.wait_for(Duration::from_secs(30), |m| m.contains("gpu_compute_mode{"));
         assert!(
             !page.contains("gpu_fabric_"),
             "{scenario}: no fabric series"
+        );
+        // The C2C link to the Grace CPU where there is one, and only there.
+        let c2c = value(
+            &parse(&page),
+            "gpu_c2c_link_max_bandwidth_bytes_per_second",
+            &[("gpu_c2c_link", "0")],
+        );
+        assert_eq!(
+            c2c,
+            (scenario == "gh200.toml").then_some(450e9),
+            "{scenario}: C2C"
         );
         assert!(agent.terminate().success());
         let log = std::fs::read_to_string(&agent.stderr).unwrap_or_default();
@@ -325,4 +338,63 @@ fn gpus_without_a_fabric_report_no_fabric_series_and_log_nothing_new() {
             );
         }
     }
+}
+
+/// The fabric manager's log, followed: what it held before Junction first looked is not
+/// counted; a fatal NVSwitch error appended later is one event and count and a node reason;
+/// a restart counts nothing again; a log others may write is not read.
+#[test]
+fn the_fabric_manager_log_is_followed_from_where_it_was() {
+    if !nix_root() {
+        return;
+    }
+    let dir = support::temp_dir();
+    let log = dir.join("fabricmanager.log");
+    // A line of the reference's form (gpud's example, node-fabric-and-bus.md §4.5).
+    let fatal = |port: u32| {
+        format!(
+            "[Jul 23 2024 07:53:55] [ERROR] [tid 841] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port {port}\n"
+        )
+    };
+    std::fs::write(&log, fatal(1)).expect("log");
+    let port = support::free_port();
+    let cfg = support::sim_config("current", port, "")
+        + &format!(
+            "\n[sources.host]\ninterval_secs = 1\nfabric_manager_log = {:?}\n",
+            log.display().to_string()
+        );
+    let count = |m: &str| {
+        value(
+            &parse(m),
+            "kmsg_signature_events_total",
+            &[("hw_id", "node"), ("kmsg_signature", "fm_nvswitch_fatal")],
+        )
+    };
+    let mut agent = Agent::spawn_config(SCENARIO, &cfg);
+    agent.wait_for(Duration::from_secs(30), |m| m.contains("node_daemon_up{"));
+    // Two polls later, the old line is still not counted; a new one is.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        count(&support::scrape(agent.port, Duration::from_secs(5)).expect("scrape")),
+        None,
+        "written before Junction looked"
+    );
+    use std::io::Write as _;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .and_then(|mut f| f.write_all(fatal(2).as_bytes()))
+        .expect("append");
+    let page = agent.wait_for(Duration::from_secs(30), |m| count(m) == Some(1.0));
+    assert!(page.contains("node_health_reason{") && page.contains("nvswitch_fatal"));
+    assert!(agent.terminate().success());
+    let mut agent = Agent::spawn_config(SCENARIO, &cfg);
+    agent.wait_for(Duration::from_secs(30), |m| m.contains("node_daemon_up{"));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        count(&support::scrape(agent.port, Duration::from_secs(5)).expect("scrape")),
+        Some(1.0),
+        "not again after a restart"
+    );
+    assert!(agent.terminate().success());
 }

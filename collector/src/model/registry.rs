@@ -194,6 +194,12 @@ registry! {
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX) (KiB)", "NVLink data bytes transmitted and received.";
     NvlinkErrors = "gpu.nvlink.errors", "{error}", Counter, ["gpu.nvlink.link", "gpu.nvlink.error.type"], Nvlink,
         "nvmlDeviceGetNvLinkErrorCounter; NVLink5: nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS / _SYMBOL_ERRORS)", "NVLink errors: replay, recovery, crc_flit, crc_data, ecc_data; on NVLink5, effective (left after FEC) and symbol (before FEC).";
+    C2cState = "gpu.c2c.link.state", "{state}", Gauge, ["gpu.c2c.link"], Nvlink,
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_C2C_LINK_GET_STATUS)", "1 if the C2C link between the GPU and its Grace CPU (GH200, GB200) is up.";
+    C2cMaxBandwidth = "gpu.c2c.link.max_bandwidth", "By/s", Gauge, ["gpu.c2c.link"], Nvlink,
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_C2C_LINK_GET_MAX_BW) (MB/s)", "The most a C2C link carries.";
+    C2cErrors = "gpu.c2c.errors", "{error}", Counter, ["gpu.c2c.link", "gpu.c2c.error.type"], Nvlink,
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_C2C_LINK_ERROR_INTR / _REPLAY / _REPLAY_B2B)", "C2C link errors: interrupt, replay, replay_b2b.";
     NvlinkBer = "gpu.nvlink.ber", "1", Gauge, ["gpu.nvlink.link", "gpu.nvlink.ber.type"], Nvlink,
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER / _SYMBOL_BER), mantissa × 10^-exponent", "NVLink5 bit-error rate per link: effective (after FEC; DCGM fails a link above 1e-12) and symbol (before FEC).";
     NvlinkRecovery = "gpu.nvlink.link_recovery", "{event}", Counter, ["gpu.nvlink.link", "gpu.nvlink.recovery.outcome"], Nvlink,

@@ -665,6 +665,13 @@ const FI_TEMP_GPU_MAX_TLIMIT: u32 = 196;
 const FI_NVLINK_RECOVERY_SUCCESSFUL: u32 = 213;
 const FI_NVLINK_RECOVERY_FAILED: u32 = 214;
 const FI_NVLINK_RECOVERY_EVENTS: u32 = 215;
+/// C2C (Grace superchips): link count, per-link status and most bandwidth (MB/s), errors.
+const FI_C2C_LINK_COUNT: u32 = 170;
+const FI_C2C_LINK_STATUS: u32 = 171;
+const FI_C2C_LINK_MAX_BW: u32 = 172;
+const FI_C2C_ERROR_INTR: u32 = 231;
+const FI_C2C_ERROR_REPLAY: u32 = 232;
+const FI_C2C_ERROR_REPLAY_B2B: u32 = 233;
 /// NVLink5 per-link error counters (`NVML_FI_DEV_NVLINK_COUNT_{EFFECTIVE,SYMBOL}_{ERRORS,BER}`);
 /// the BER fields encode mantissa (bits 11:8) and exponent (7:0): mantissa × 10^-exponent.
 const FI_NVLINK_EFFECTIVE_ERRORS: u32 = 219;
@@ -727,6 +734,8 @@ export!(
         let renumbered = renumbered_fields(&sim.scenario.driver.version);
         // SAFETY: the caller passes `count` entries at `values`.
         let fields = std::slice::from_raw_parts_mut(values, count as usize);
+        let c2c_links = g.value("c2c_link_count", now).unwrap_or(0.0);
+        let c2c = |scope: u32| f64::from(scope) < c2c_links;
         for f in fields {
             f.timestamp = ts;
             f.latencyUsec = 0;
@@ -764,6 +773,22 @@ export!(
                 }
                 FI_NVLINK_RECOVERY_EVENTS if nvlink && newer => {
                     (VALUE_ULL, g.value("nvlink_recovery_events", now))
+                }
+                FI_C2C_LINK_COUNT if newer => (VALUE_UINT, g.value("c2c_link_count", now)),
+                FI_C2C_LINK_STATUS if newer && c2c(f.scopeId) => {
+                    (VALUE_UINT, g.value("c2c_link_status", now))
+                }
+                FI_C2C_LINK_MAX_BW if newer && c2c(f.scopeId) => {
+                    (VALUE_UINT, g.value("c2c_max_bw_mbps", now))
+                }
+                FI_C2C_ERROR_INTR if newer && c2c(f.scopeId) => {
+                    (VALUE_ULL, g.value("c2c_errors_intr", now))
+                }
+                FI_C2C_ERROR_REPLAY if newer && c2c(f.scopeId) => {
+                    (VALUE_ULL, g.value("c2c_errors_replay", now))
+                }
+                FI_C2C_ERROR_REPLAY_B2B if newer && c2c(f.scopeId) => {
+                    (VALUE_ULL, g.value("c2c_errors_replay_b2b", now))
                 }
                 FI_NVLINK_EFFECTIVE_ERRORS if nvlink && newer => {
                     (VALUE_ULL, g.value("nvlink_effective_errors", now))

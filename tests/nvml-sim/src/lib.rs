@@ -25,6 +25,7 @@
 //! | `pcie_tx_kbps`, `pcie_rx_kbps`, `pcie_replay`, `pcie_gen`, `pcie_width`, `pcie_max_gen`, `pcie_max_width` | PCIe | KB/s, count |
 //! | `nvlink_tx_kib`, `nvlink_rx_kib` (fields 138/139, per link), `nvlink_{replay,recovery,crc_flit,crc_data,ecc_data}`, `nvlink_active_links` | NVLink (with `nvlink_count` > 0) | KiB, count |
 //! | `nvlink_recovery_{successful,failed,events}` (fields 213–215, per link) | NVLink link recovery (Blackwell) | count |
+//! | `c2c_link_count` (field 170), per link `c2c_link_status`, `c2c_max_bw_mbps`, `c2c_errors_{intr,replay,replay_b2b}` (171, 172, 231–233) | C2C links of Grace superchips | count, MB/s |
 //! | `nvlink_{effective,symbol}_errors`, `nvlink_{effective,symbol}_ber` (fields 219–222, per link; the BER as a number, encoded as the driver does) | NVLink5 error counters | count, ratio |
 //! | `nvlink_errors_unsupported_from` | error counters NOT_SUPPORTED on links from this index on | index |
 //! | `recovery_action` (field 230) | GPU recovery action | enum |

@@ -13,6 +13,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod fmlog;
+
 use crate::agent::{Component, Ctx};
 use crate::config::{Config, Invalid, config_section};
 use crate::model::{Metric, Model, Sample};
@@ -46,12 +48,24 @@ config_section! {
         pub enabled: bool = true,
         /// Seconds between reads.
         pub interval_secs: u64 = 10,
+        /// The fabric manager's log, followed for NVSwitch errors and topology mismatches
+        /// (`fm_*` signatures); "" not to read it. In a container, mount it read-only.
+        pub fabric_manager_log: String = "/var/log/fabricmanager.log".into(),
     }
 }
 
 impl HostConfig {
     /// Adds every problem with this section to `out`.
     pub fn validate(&self, prefix: &str, out: &mut Vec<Invalid>) {
+        if !self.fabric_manager_log.is_empty() && !self.fabric_manager_log.starts_with('/') {
+            out.push(Invalid {
+                key: format!("{prefix}.fabric_manager_log"),
+                message: format!(
+                    "{:?} is not an absolute path; give one (\"/var/log/fabricmanager.log\"), or \"\" not to read it",
+                    self.fabric_manager_log
+                ),
+            });
+        }
         if self.interval_secs == 0 {
             out.push(Invalid {
                 key: format!("{prefix}.interval_secs"),
@@ -81,6 +95,12 @@ async fn run(config: Arc<Config>, ctx: Ctx) {
     let model = ctx.model.clone();
     crate::sources::sysfs::run_blocking("host", interval, ctx, move |s: &mut State| {
         s.poll(&config.proc_root, &model);
+        let log = &config.sources.host.fabric_manager_log;
+        if !log.is_empty() {
+            fmlog::poll(log, &model, &mut s.fm_log_warned);
+            // The position and what it counted, saved (at most once a second).
+            model.flush_xids(false);
+        }
     })
     .await;
 }
@@ -89,6 +109,8 @@ async fn run(config: Arc<Config>, ctx: Ctx) {
 #[derive(Debug, Default)]
 pub struct State {
     daemons: BTreeMap<&'static str, Daemon>,
+    /// Said once: the fabric manager log is not root's alone.
+    fm_log_warned: bool,
 }
 
 #[derive(Debug, Default)]

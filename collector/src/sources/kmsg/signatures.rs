@@ -29,9 +29,26 @@ const STARTS: &[&str] = &[
     "XFS (",
     "Kernel panic - not syncing",
     "nv-caps-imex ",
+    // The fabric manager's log lines, once their `[date] [LEVEL] [tid N] ` is cut
+    // (`fm_message`).
+    "detected NVSwitch ",
+    "detected number of NVSwitches",
+    "failed to find the GPU handle",
 ];
 static AER: LazyLock<memchr::memmem::Finder<'static>> =
     LazyLock::new(|| memchr::memmem::Finder::new(" AER: "));
+
+/// A fabric manager log line's message: without its `[Jul 23 2024 07:53:55] [ERROR] [tid 841] `.
+pub fn fm_message(line: &str) -> &str {
+    let mut rest = line.trim_start();
+    for _ in 0..3 {
+        match rest.strip_prefix('[').and_then(|r| r.split_once("] ")) {
+            Some((_, r)) => rest = r,
+            None => break,
+        }
+    }
+    rest.trim_end()
+}
 
 /// Whether `line` can be one of the catalog's.
 fn plausible(line: &str) -> bool {

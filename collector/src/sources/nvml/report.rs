@@ -26,12 +26,13 @@ fn expected(feature: &str) -> Option<&'static str> {
 
 /// Features whose absence is the rule on most GPUs and says nothing: logged at debug level
 /// (`junction inventory` lists them): the fabric state exists only on NVLink-fabric systems,
-/// the GSP firmware only where the driver runs it, the NVLink5 counters only on Blackwell, and
+/// the GSP firmware only where the driver runs it, the NVLink5 counters only on Blackwell,
+/// the C2C links only on Grace superchips, and
 /// none of them on old drivers.
 pub fn quiet(feature: &str) -> bool {
     matches!(
         feature,
-        "fabric_info" | "gsp_firmware" | "gsp_firmware_version" | "nvlink5_counters"
+        "fabric_info" | "gsp_firmware" | "gsp_firmware_version" | "nvlink5_counters" | "c2c"
     )
 }
 

@@ -59,6 +59,10 @@ const FROM_THE_REFERENCE: &[(&str, &str)] = &[
         "nvme nvme2: Device not ready; aborting reset",
     ),
     ("nvme_failed", "nvme nvme2: Removing after probe failure"),
+    (
+        "fm_nvswitch_fatal",
+        "detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:86:00.0",
+    ),
     ("filesystem_error", "EXT4-fs error (device sdd1)"),
     (
         "filesystem_read_only",
@@ -98,6 +102,21 @@ const COMPOSED: &[(&str, &str, &str)] = &[
         "kernel/panic.c: pr_emerg(\"Kernel panic - not syncing: %s\\n\", buf)",
     ),
     (
+        "fm_nvswitch_nonfatal",
+        "detected NVSwitch non-fatal error 12028 on fid 0 on NVSwitch pci bus id 00000000:87:00.0 physical id 2 port 9",
+        "gpud fabric-manager/log_matcher.go's regex, in the form of the fatal line the reference quotes",
+    ),
+    (
+        "fm_topology_mismatch",
+        "detected number of NVSwitches don't match with any supported system topology, aborting fabric manager",
+        "gpud fabric-manager/log_matcher.go: `.*detected number of NVSwitches don't match with any supported system topology.*`",
+    ),
+    (
+        "fm_multicast_team",
+        "failed to find the GPU handle 3 in the multicast team request with id 0x1",
+        "gpud fabric-manager/log_matcher.go: `.+failed to find the GPU handle \\d+ in the multicast team .*`",
+    ),
+    (
         "mlx5_degraded",
         "mlx5_core 0000:3b:00.0: Detected insufficient power on the PCIe slot (27W).",
         "drivers/net/ethernet/mellanox/mlx5/core/events.c: \"Detected insufficient power on the PCIe slot (%uW).\\n\"",
@@ -133,8 +152,13 @@ fn every_entry_matches_a_real_or_composed_line() {
             "the reference quotes no line with {fragment:?}"
         );
         let line = lines[0];
-        let m =
-            find(file_line(line).message).unwrap_or_else(|| panic!("{id}: nothing in {line:?}"));
+        // A fabric manager line begins with its own `[date] [LEVEL] [tid N] `.
+        let message = if id.starts_with("fm_") {
+            fm_message(line)
+        } else {
+            file_line(line).message
+        };
+        let m = find(message).unwrap_or_else(|| panic!("{id}: nothing in {line:?}"));
         assert_eq!(CATALOG[m.sig].id, *id, "{line}");
         covered.insert(*id);
     }

@@ -45,6 +45,14 @@ pub(super) const FI_NVLINK_EFFECTIVE_ERRORS: u32 = 219;
 pub(super) const FI_NVLINK_EFFECTIVE_BER: u32 = 220;
 pub(super) const FI_NVLINK_SYMBOL_ERRORS: u32 = 221;
 pub(super) const FI_NVLINK_SYMBOL_BER: u32 = 222;
+/// `NVML_FI_DEV_C2C_LINK_COUNT`, `_GET_STATUS`, `_GET_MAX_BW` (MB/s), and the C2C error
+/// counters `NVML_FI_DEV_C2C_LINK_ERROR_{INTR,REPLAY,REPLAY_B2B}` (per link: Grace superchips).
+pub(super) const FI_C2C_LINK_COUNT: u32 = 170;
+pub(super) const FI_C2C_LINK_STATUS: u32 = 171;
+pub(super) const FI_C2C_LINK_MAX_BW: u32 = 172;
+pub(super) const FI_C2C_ERROR_INTR: u32 = 231;
+pub(super) const FI_C2C_ERROR_REPLAY: u32 = 232;
+pub(super) const FI_C2C_ERROR_REPLAY_B2B: u32 = 233;
 /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`
 pub(super) const FI_RECOVERY_ACTION: u32 = 230;
 /// `NVML_FI_DEV_CLOCKS_EVENT_REASON_{SW_THERM,HW_THERM,HW_POWER_BRAKE}_SLOWDOWN`, ns (CUDA

@@ -5,10 +5,11 @@
 
 use super::raw::{self, Decode, FieldRequest};
 use super::{
-    FI_NVLINK_EFFECTIVE_BER, FI_NVLINK_EFFECTIVE_ERRORS, FI_NVLINK_LINK_COUNT,
-    FI_NVLINK_RECOVERY_EVENTS, FI_NVLINK_RECOVERY_FAILED, FI_NVLINK_RECOVERY_SUCCESSFUL,
-    FI_NVLINK_RX, FI_NVLINK_SYMBOL_BER, FI_NVLINK_SYMBOL_ERRORS, FI_NVLINK_TX, MAX_NVLINKS, field,
-    index_name,
+    FI_C2C_ERROR_INTR, FI_C2C_ERROR_REPLAY, FI_C2C_ERROR_REPLAY_B2B, FI_C2C_LINK_COUNT,
+    FI_C2C_LINK_MAX_BW, FI_C2C_LINK_STATUS, FI_NVLINK_EFFECTIVE_BER, FI_NVLINK_EFFECTIVE_ERRORS,
+    FI_NVLINK_LINK_COUNT, FI_NVLINK_RECOVERY_EVENTS, FI_NVLINK_RECOVERY_FAILED,
+    FI_NVLINK_RECOVERY_SUCCESSFUL, FI_NVLINK_RX, FI_NVLINK_SYMBOL_BER, FI_NVLINK_SYMBOL_ERRORS,
+    FI_NVLINK_TX, MAX_NVLINKS, field, index_name,
 };
 use crate::model::{Feature, Metric, Sample};
 use crate::sources::nvml::worker::{Ctx, Halt};
@@ -92,7 +93,56 @@ fn nvlink5(ctx: &mut Ctx<'_>, link: u32, out: &mut Vec<Sample>) -> Result<(), Ha
     Ok(())
 }
 
+/// The C2C links of a Grace superchip (GH200, GB200): state, the most bandwidth, errors.
+/// Other GPUs answer NOT_SUPPORTED for the link count, and nothing is read.
+fn c2c(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
+    let Some(links) = field(ctx, "c2c", FI_C2C_LINK_COUNT, Decode::Typed)? else {
+        return Ok(());
+    };
+    let nvml = ctx.nvml;
+    for link in 0..(links as u32).min(MAX_NVLINKS) {
+        let name = index_name(link);
+        let ids = [
+            FI_C2C_LINK_STATUS,
+            FI_C2C_LINK_MAX_BW,
+            FI_C2C_ERROR_INTR,
+            FI_C2C_ERROR_REPLAY,
+            FI_C2C_ERROR_REPLAY_B2B,
+        ];
+        let requests: Vec<FieldRequest> = ids
+            .iter()
+            .map(|id| FieldRequest {
+                id: *id,
+                scope: link,
+                decode: Decode::Typed,
+            })
+            .collect();
+        let feature = Feature::at("c2c_link", link);
+        let Some(v) = ctx.call(feature, |d| raw::field_values(nvml, d, &requests))? else {
+            continue;
+        };
+        for (r, id) in v.into_iter().zip(ids) {
+            let Ok(x) = r else { continue };
+            let s = match id {
+                FI_C2C_LINK_STATUS => Sample::new(Metric::C2cState, f64::from(u8::from(x > 0.0))),
+                // MB/s.
+                FI_C2C_LINK_MAX_BW => Sample::new(Metric::C2cMaxBandwidth, x * 1e6),
+                FI_C2C_ERROR_INTR => {
+                    Sample::new(Metric::C2cErrors, x).with("gpu.c2c.error.type", "interrupt")
+                }
+                FI_C2C_ERROR_REPLAY => {
+                    Sample::new(Metric::C2cErrors, x).with("gpu.c2c.error.type", "replay")
+                }
+                _ => Sample::new(Metric::C2cErrors, x).with("gpu.c2c.error.type", "replay_b2b"),
+            };
+            out.push(s.with("gpu.c2c.link", name));
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
+    c2c(ctx, out)?;
     let Some(links) = field(ctx, "nvlink", FI_NVLINK_LINK_COUNT, Decode::Typed)? else {
         return Ok(());
     };
