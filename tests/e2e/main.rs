@@ -6,6 +6,7 @@ mod support;
 mod bmc;
 mod config_errors;
 mod container;
+mod dcgm_compat;
 mod deploy;
 mod ebpf;
 mod fabric;

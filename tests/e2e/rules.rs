@@ -6,12 +6,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::support::bmc::DynamicBmc;
+use crate::support::prometheus::{Prometheus, query};
 use crate::support::{self, Agent};
 
 fn config_dir() -> PathBuf {
@@ -260,70 +261,11 @@ fn rules_pass_promtool_and_every_metric_they_and_the_dashboards_name_exists() {
     }
 }
 
-struct Prometheus {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_prometheus(target_port: u16) -> Option<Prometheus> {
-    let bin = support::require_tool("prometheus", None)?;
-    let dir = support::temp_dir();
-    let port = support::free_port();
-    std::fs::copy(
-        config_dir().join("prometheus/junction-rules.yml"),
-        dir.join("junction-rules.yml"),
+    Prometheus::start(
+        target_port,
+        Some(&config_dir().join("prometheus/junction-rules.yml")),
     )
-    .expect("rules");
-    std::fs::write(
-        dir.join("prometheus.yml"),
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [junction-rules.yml]\nscrape_configs:\n  - job_name: junction\n    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n"
-        ),
-    )
-    .expect("config");
-    let child = Command::new(bin)
-        .arg(format!(
-            "--config.file={}",
-            dir.join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("prometheus.log")).expect("log"))
-        .spawn()
-        .expect("start prometheus");
-    Some(Prometheus { child, port })
-}
-
-/// Runs an instant query; the number of series it returns (`None` on an error).
-fn query(prom: &Prometheus, expr: &str) -> Result<usize, String> {
-    let url = format!("http://127.0.0.1:{}/api/v1/query", prom.port);
-    let body = ureq::get(&url)
-        .query("query", expr)
-        .call()
-        .map_err(|e| e.to_string())?
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| e.to_string())?;
-    let v: Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-    if v["status"] != "success" {
-        return Err(body);
-    }
-    Ok(match &v["data"]["result"] {
-        Value::Array(a) => a.len(),
-        Value::Null => 0,
-        _ => 1,
-    })
 }
 
 /// A cooling loop whose readings a test controls. Faulty: a coolant flow under its critical

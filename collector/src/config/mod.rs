@@ -191,6 +191,9 @@ config_section! {
         /// signal-specific variables (OTEL_EXPORTER_OTLP_METRICS_*, _LOGS_*) win over the
         /// general ones. Headers and resource attributes merge key by key, the file winning.
         pub otlp: crate::sinks::otlp::OtlpConfig = Default::default(),
+        /// dcgm-exporter's names and labels on a listener of their own (its port, 9400, by
+        /// default), for the dashboards, alerts and autoscalers written for it.
+        pub dcgm: crate::sinks::dcgm::DcgmConfig = Default::default(),
     }
 }
 
@@ -279,6 +282,7 @@ impl Config {
         self.sources.host.validate("sources.host", &mut out);
         self.health.validate("health", &mut out);
         self.expect.validate("expect", &mut out);
+        self.sinks.dcgm.validate("sinks.dcgm", &mut out);
         self.sinks.otlp.validate("sinks.otlp", &mut out);
         out
     }

@@ -551,6 +551,7 @@ pub fn metrics_markdown() -> String {
     for d in REGISTRY {
         let _ = writeln!(out, "- `{}`: {}", d.name, d.help);
     }
+    out.push_str(&crate::sinks::dcgm::fields::markdown());
     out
 }
 

@@ -4,6 +4,7 @@
 
 pub mod kubelet;
 pub mod otlp;
+pub mod prometheus;
 
 pub use testkit::prom::{Series, parse, value};
 pub use testkit::{bmc, free_port, require_tool, root, temp_dir};

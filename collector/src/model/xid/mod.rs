@@ -187,6 +187,11 @@ impl Model {
         self.publish_xids();
     }
 
+    /// The GPU's last XID code this boot.
+    pub fn last_xid(&self, id: &str) -> Option<u32> {
+        lock(&self.xids.inner).saved.last_code.get(id).copied()
+    }
+
     /// Runs `f` on the state directory, once it is open.
     pub fn with_state<R>(&self, f: impl FnOnce(&StateDir) -> R) -> Option<R> {
         lock(&self.xids.state).as_ref().map(f)
@@ -302,6 +307,8 @@ impl Model {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
             i.count_xid(&id, key, t);
+            // The code itself, bounded or not: one entry per GPU.
+            i.saved.last_code.insert(id.clone(), code);
             id
         };
         self.events.append(self.xid_event(&r, code, &id));

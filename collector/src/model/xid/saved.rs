@@ -37,6 +37,9 @@ pub struct Saved {
     /// Node reasons the kernel log raised this boot: reason → sentence.
     #[serde(default)]
     pub node_reasons: BTreeMap<String, String>,
+    /// Each GPU's last XID code (dcgm-exporter's `DCGM_FI_DEV_XID_ERRORS` is its value).
+    #[serde(default)]
+    pub last_code: BTreeMap<String, u32>,
 }
 
 /// The live state: what is saved, the de-duplication window, the UUIDs learned from the

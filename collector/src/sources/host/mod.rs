@@ -82,7 +82,12 @@ pub const COMPONENT: Component = Component {
     start: |c, ctx| Box::pin(async move { Ok(tokio::spawn(run(c, ctx))) }),
     once: Some(|c, model| {
         Box::pin(async move {
-            State::default().poll(&c.proc_root, &model);
+            if !State::default().poll(&c.proc_root, &model) {
+                return Err(crate::agent::NothingHere(
+                    "no NVIDIA kernel module loaded and no NVIDIA daemon running".into(),
+                )
+                .into());
+            }
             Ok(())
         })
     }),
@@ -94,7 +99,7 @@ async fn run(config: Arc<Config>, ctx: Ctx) {
     let interval = Duration::from_secs(config.sources.host.interval_secs.max(1));
     let model = ctx.model.clone();
     crate::sources::sysfs::run_blocking("host", interval, ctx, move |s: &mut State| {
-        s.poll(&config.proc_root, &model);
+        let _ = s.poll(&config.proc_root, &model);
         let log = &config.sources.host.fabric_manager_log;
         if !log.is_empty() {
             fmlog::poll(log, &model, &mut s.fm_log_warned);
@@ -176,8 +181,9 @@ fn daemon_of(proc: &Path, pid: &str) -> Option<&'static str> {
 }
 
 impl State {
-    /// Reads the modules and the daemons and publishes them.
-    pub fn poll(&mut self, proc: &Path, model: &Model) {
+    /// Reads the modules and the daemons and publishes them; false if the host has neither
+    /// an NVIDIA module loaded nor an NVIDIA daemon running.
+    pub fn poll(&mut self, proc: &Path, model: &Model) -> bool {
         let mut out = Vec::new();
         let text = read_capped(&proc.join("modules"), 64 * 1024);
         let loaded = loaded_modules(&text);
@@ -219,6 +225,7 @@ impl State {
             );
         }
         model.publish("host", "node", out);
+        MODULES.iter().any(|m| loaded.contains(m)) || !running.is_empty()
     }
 }
 

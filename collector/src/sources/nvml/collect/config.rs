@@ -6,6 +6,7 @@
 //! the fabric series.
 
 use nvml_wrapper::enum_wrappers::device::{ComputeMode, P2pCapabilitiesIndex, P2pStatus};
+use nvml_wrapper::error::NvmlError;
 
 use super::raw::{self, FabricInfo};
 use crate::model::{Metric, Sample};
@@ -107,17 +108,25 @@ fn p2p(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
         let mut ok = 0u32;
         let mut missing = Vec::new();
         for peer in (0..count).filter(|p| *p != me) {
-            let Some(s) = ctx.call("p2p_status", |d| {
-                let other = nvml.device_by_index(peer)?;
-                d.p2p_status(&other, index)
+            // A peer's error (a lost peer answers GPU_IS_LOST) is that peer's: no P2P with
+            // it, and this GPU goes on; only an unsupported call switches the feature off.
+            let Some(r) = ctx.call("p2p_status", |d| {
+                Ok(nvml
+                    .device_by_index(peer)
+                    .and_then(|other| d.p2p_status(&other, index)))
             })?
             else {
                 return Ok(());
             };
-            if s == P2pStatus::Ok {
-                ok += 1;
-            } else {
-                missing.push(peer.to_string());
+            match r {
+                Ok(P2pStatus::Ok) => ok += 1,
+                Ok(_) => missing.push(peer.to_string()),
+                Err(
+                    e @ (NvmlError::NotSupported
+                    | NvmlError::FailedToLoadSymbol(_)
+                    | NvmlError::FunctionNotFound),
+                ) => return ctx.failed("p2p_status", e),
+                Err(_) => missing.push(peer.to_string()),
             }
         }
         missing.truncate(16);
