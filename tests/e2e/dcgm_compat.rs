@@ -407,3 +407,113 @@ fn nvidias_dashboard_gets_data_from_every_panel() {
     }
     assert!(agent.terminate().success());
 }
+
+/// A Slurm step's cgroup as `slurmstepd` makes it, with a process in it: cgroup v1
+/// (`/slurm/uid_0/job_<id>/…` in the freezer hierarchy) where that is mounted, else v2's
+/// `system.slice/slurmstepd.scope/job_<id>/…`. Dropped, the process ends and the cgroups go.
+struct SlurmStep {
+    child: std::process::Child,
+    dirs: Vec<std::path::PathBuf>,
+}
+
+impl SlurmStep {
+    fn enter(job: u32, child: std::process::Child) -> SlurmStep {
+        let v1 = std::path::Path::new("/sys/fs/cgroup/freezer");
+        let (top, leaf) = if v1.join("cgroup.procs").exists() {
+            let top = v1.join("slurm");
+            (
+                top.clone(),
+                top.join(format!("uid_0/job_{job}/step_0/task_0")),
+            )
+        } else {
+            let top = std::path::PathBuf::from("/sys/fs/cgroup/system.slice/slurmstepd.scope");
+            (
+                top.clone(),
+                top.join(format!("job_{job}/step_0/user/task_0")),
+            )
+        };
+        let dirs = leaf
+            .ancestors()
+            .take_while(|d| d.starts_with(&top))
+            .map(|d| d.to_path_buf())
+            .collect();
+        std::fs::create_dir_all(&leaf).expect("the step's cgroup (as root)");
+        let step = SlurmStep { child, dirs };
+        std::fs::write(leaf.join("cgroup.procs"), step.child.id().to_string())
+            .expect("join the step");
+        step
+    }
+}
+
+impl Drop for SlurmStep {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Leaf first; a directory something else still uses stays.
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+#[test]
+fn a_process_in_a_slurm_steps_cgroup_carries_its_job_id() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("skipped: making a cgroup needs root");
+        return;
+    }
+    // A real process, put in a job's step the way slurmstepd does, is the one the simulated
+    // GPU 0 reports; Junction reads its cgroup from the real /proc.
+    let sleeper = std::process::Command::new("sleep")
+        .arg("120")
+        .spawn()
+        .expect("sleep");
+    let pid = sleeper.id();
+    let job = 700_000 + std::process::id() % 100_000;
+    let step = SlurmStep::enter(job, sleeper);
+    let dir = support::temp_dir();
+    let scenario = dir.join("slurm-node.toml");
+    std::fs::write(
+        &scenario,
+        format!(
+            "base = {:?}\ngpu_count = 2\n[defaults]\npid_stride = 0\nprocesses = [{{ pid = {pid}, name = \"sleep\", kind = \"compute\", used_mib = 2048, sm_util = 40, mem_util = 10 }}]\n",
+            support::scenario("h100-training.toml").display().to_string()
+        ),
+    )
+    .expect("scenario");
+    let port = support::free_port();
+    let cfg = support::sim_config("current", port, "").replace(
+        &format!(
+            "proc_root = {:?}",
+            support::empty_proc().display().to_string()
+        ),
+        "proc_root = \"/proc\"",
+    );
+    let mut agent = Agent::spawn_config_path(&scenario, &cfg, &[]);
+    let needle = format!("slurm_job_id=\"{job}\"");
+    let page = agent.wait_for(Duration::from_secs(30), |m| {
+        m.lines()
+            .any(|l| l.starts_with("gpu_process_memory_usage_bytes{") && l.contains(&needle))
+    });
+    let rows: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("gpu_process_memory_usage_bytes{"))
+        .collect();
+    assert_eq!(rows.len(), 2, "one row per GPU: {rows:?}");
+    for r in &rows {
+        assert!(r.contains(&needle), "{r}");
+        assert!(r.contains(&format!("process_pid=\"{pid}\"")), "{r}");
+        assert!(!r.contains("container_id="), "no container: {r}");
+        assert_eq!(value_of(r), 2048.0 * MIB);
+    }
+    assert!(agent.terminate().success());
+    drop(step);
+}
+
+fn value_of(line: &str) -> f64 {
+    line.rsplit_once(' ')
+        .and_then(|(_, v)| v.parse().ok())
+        .expect("a value")
+}

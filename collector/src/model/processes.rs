@@ -35,6 +35,8 @@ pub struct ProcessInfo {
     pub pod_uid: Option<String>,
     /// The pod's name and namespace, when the kubernetes source knows the UID.
     pub pod: Option<PodName>,
+    /// The Slurm job, from the cgroup path.
+    pub slurm_job: Option<String>,
     /// Start time in clock ticks after boot (`/proc/PID/stat` field 22): a reused pid has
     /// another.
     #[serde(skip)]
@@ -58,6 +60,9 @@ impl ProcessInfo {
         if let Some(p) = &self.pod {
             a.push(("k8s.namespace.name", p.namespace.clone().into()));
             a.push(("k8s.pod.name", p.name.clone().into()));
+        }
+        if let Some(j) = &self.slurm_job {
+            a.push(("slurm.job.id", j.clone().into()));
         }
         a
     }
@@ -118,6 +123,7 @@ pub fn read_process(proc_root: &Path, pid: u32) -> Option<ProcessInfo> {
         runtime: ids.runtime,
         pod_uid: ids.pod_uid,
         pod: None,
+        slurm_job: ids.slurm_job,
         start_ticks: start,
     })
 }
@@ -233,6 +239,7 @@ impl Processes {
                 runtime: ids.runtime,
                 pod_uid: ids.pod_uid,
                 pod: None,
+                slurm_job: ids.slurm_job,
                 start_ticks: 0,
             }
         });

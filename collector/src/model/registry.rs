@@ -206,25 +206,25 @@ registry! {
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*) per link", "NVLink link-recovery events: successful, failed, all (Blackwell and newer).";
     ProcessCount = "gpu.processes", "{process}", UpDownCounter, ["gpu.process.type"], Processes,
         "nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetGraphicsRunningProcesses_v3", "Processes with a compute or graphics context on the GPU.";
-    ProcessMemory = "gpu.process.memory.usage", "By", UpDownCounter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "gpu.process.type", "gpu.mig.gpu_instance_id"], Processes,
+    ProcessMemory = "gpu.process.memory.usage", "By", UpDownCounter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "slurm.job.id", "gpu.process.type", "gpu.mig.gpu_instance_id"], Processes,
         "nvmlDeviceGet{Compute,Graphics}RunningProcesses_v3 (entry size read off the driver's answer), /proc/PID/exe or nvmlSystemGetProcessName, /proc/PID/cgroup", "Device memory used by a process (capped per GPU by max_processes_per_gpu); absent when the driver does not know it. container.id and k8s.pod.uid when the cgroup names them.";
-    ProcessUtilization = "gpu.process.utilization", "1", Gauge, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "hw.gpu.task"], Processes,
+    ProcessUtilization = "gpu.process.utilization", "1", Gauge, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "slurm.job.id", "hw.gpu.task"], Processes,
         "nvmlDeviceGetProcessUtilization (newest sample per pid)", "Fraction of the last sample period a process kept the SMs (general), memory, encoder or decoder busy.";
-    DriverCalls = "gpu.process.driver.calls", "{call}", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "gpu.driver.call"], Processes,
+    DriverCalls = "gpu.process.driver.calls", "{call}", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "slurm.job.id", "gpu.driver.call"], Processes,
         "eBPF: ioctl() on /dev/nvidia*, /dev/nvidia-uvm (sources.ebpf)", "NVIDIA driver calls a process made, by kind: rm_alloc, rm_free, rm_control, rm_map_memory, register_fd, attach_gpus, uvm_initialize, uvm_register_gpu, other_rm, other_uvm. Seen however briefly the process lived.";
-    DriverCallFailures = "gpu.process.driver.call.failures", "{call}", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "gpu.driver.call"], Processes,
+    DriverCallFailures = "gpu.process.driver.call.failures", "{call}", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "slurm.job.id", "gpu.driver.call"], Processes,
         "eBPF: the ioctl's return value and the driver's status field", "Driver calls that failed (the syscall failed, or the driver answered a status other than NV_OK).";
-    DriverCallTime = "gpu.process.driver.call.time", "s", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "gpu.driver.call"], Processes,
+    DriverCallTime = "gpu.process.driver.call.time", "s", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "slurm.job.id", "gpu.driver.call"], Processes,
         "eBPF: time between ioctl entry and return", "Time spent in driver calls, by kind (divide by gpu.process.driver.calls for the mean latency).";
-    DriverMemoryAllocated = "gpu.process.driver.memory.allocated", "By", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name"], Processes,
+    DriverMemoryAllocated = "gpu.process.driver.memory.allocated", "By", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "slurm.job.id"], Processes,
         "eBPF: NV_ESC_RM_ALLOC of NV01_MEMORY_LOCAL_USER / NV01_MEMORY_SYSTEM, NV_MEMORY_ALLOCATION_PARAMS.size", "Bytes of GPU and GPU-mapped system memory the process allocated through the driver (the CUDA driver's large blocks, not cudaMalloc sizes).";
-    DriverMemoryFreed = "gpu.process.driver.memory.freed", "By", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name"], Processes,
+    DriverMemoryFreed = "gpu.process.driver.memory.freed", "By", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "slurm.job.id"], Processes,
         "eBPF: NV_ESC_RM_FREE of those objects (or of a parent, or of the client)", "Bytes of driver memory the process freed.";
-    DriverMemoryMapped = "gpu.process.driver.memory.mapped", "By", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name"], Processes,
+    DriverMemoryMapped = "gpu.process.driver.memory.mapped", "By", Counter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "slurm.job.id"], Processes,
         "eBPF: NV_ESC_RM_MAP_MEMORY length", "Bytes the process mapped into its address space through the driver.";
-    DriverMemoryUsage = "gpu.process.driver.memory.usage", "By", UpDownCounter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name"], Processes,
+    DriverMemoryUsage = "gpu.process.driver.memory.usage", "By", UpDownCounter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "slurm.job.id"], Processes,
         "eBPF: allocations minus frees, attributed to a GPU through the RM object tree and UVM_REGISTER_GPU", "Driver memory a process holds on a GPU now (hw.id); one series, possibly 0, for every GPU the process registered or opened.";
-    Contexts = "gpu.process.contexts", "{context}", UpDownCounter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name"], Processes,
+    Contexts = "gpu.process.contexts", "{context}", UpDownCounter, ["process.pid", "process.executable.name", "container.id", "k8s.pod.uid", "k8s.namespace.name", "k8s.pod.name", "slurm.job.id"], Processes,
         "eBPF: NV_ESC_RM_ALLOC of KEPLER_CHANNEL_GROUP_A with the graphics/compute engine", "Graphics/compute contexts (channel groups) a process holds on a GPU (hw.id).";
     EbpfProcesses = "junction.ebpf.processes", "{process}", UpDownCounter, [], Status,
         "agent", "Processes the eBPF source is tracking (live, and ended within exited_retention_secs).";

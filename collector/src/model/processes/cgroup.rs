@@ -13,6 +13,8 @@ pub struct CgroupIds {
     pub runtime: Option<&'static str>,
     /// Pod UID (dashed).
     pub pod_uid: Option<String>,
+    /// Slurm job id (`slurmstepd`'s `job_<id>` cgroup).
+    pub slurm_job: Option<String>,
 }
 
 fn is_hex(s: &str, n: usize) -> bool {
@@ -76,7 +78,9 @@ fn pod_segment(seg: &str, systemd: bool) -> Option<String> {
 /// - the kubelet, systemd driver: `/kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<UID>.slice[/<runtime>-<ID>.scope]`;
 /// - the kubelet, cgroupfs driver: `/kubepods[/<qos>]/pod<UID>[/<ID>]`;
 /// - Docker, containerd, CRI-O outside Kubernetes: `/system.slice/<runtime>-<ID>.scope`;
-///   Docker with cgroupfs: `/docker/<ID>`; podman as root: `/machine.slice/libpod-<ID>.scope`.
+///   Docker with cgroupfs: `/docker/<ID>`; podman as root: `/machine.slice/libpod-<ID>.scope`;
+/// - Slurm's `slurmstepd` (root): `/system.slice/slurmstepd.scope/job_<ID>/step_<N>/…`
+///   (cgroup v2), `/slurm[_<node>]/uid_<UID>/job_<ID>/step_<N>/…` (v1).
 ///
 /// A process in a sub-cgroup of a container's (its own init.scope, say) is that container's.
 ///
@@ -140,6 +144,8 @@ pub fn parse_cgroup_path(path: &str) -> CgroupIds {
                 _ => {}
             }
         }
+        // Slurm's cgroup/v2 plugin: slurmstepd's scope, then the job and its step.
+        ["system.slice", "slurmstepd.scope", job, ..] => ids.slurm_job = slurm_job(job),
         ["system.slice" | "machine.slice", scope, ..] => {
             if let Some((id, rt)) = runtime_scope(scope)
                 && (seg[0] == "system.slice" || rt == "podman")
@@ -152,9 +158,26 @@ pub fn parse_cgroup_path(path: &str) -> CgroupIds {
             ids.container_id = Some((*id).to_string());
             ids.runtime = Some("docker");
         }
+        // Its cgroup/v1 plugin: `/slurm[_<node>]/uid_<uid>/job_<id>/step_<n>/…` in each
+        // controller's hierarchy.
+        [root, uid, job, ..]
+            if (*root == "slurm" || root.starts_with("slurm_"))
+                && uid
+                    .strip_prefix("uid_")
+                    .is_some_and(|u| !u.is_empty() && u.bytes().all(|b| b.is_ascii_digit())) =>
+        {
+            ids.slurm_job = slurm_job(job);
+        }
         _ => {}
     }
     ids
+}
+
+/// A Slurm job id from `job_<id>` (at most 20 digits; array and het jobs have their own ids).
+fn slurm_job(seg: &str) -> Option<String> {
+    seg.strip_prefix("job_")
+        .filter(|id| !id.is_empty() && id.len() <= 20 && id.bytes().all(|b| b.is_ascii_digit()))
+        .map(str::to_string)
 }
 
 /// The cgroup path of a `/proc/PID/cgroup` file: a line whose path names a container or a
@@ -168,7 +191,7 @@ pub fn cgroup_of(text: &str) -> String {
             continue;
         };
         let ids = parse_cgroup_path(path);
-        if ids.container_id.is_some() || ids.pod_uid.is_some() {
+        if ids.container_id.is_some() || ids.pod_uid.is_some() || ids.slurm_job.is_some() {
             return path.to_string();
         }
         if id == "0" {

@@ -216,3 +216,48 @@ fn names_come_from_proc_when_visible() {
     assert_eq!(basename("/opt/venv/bin/python3.11"), "python3.11");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn slurm_jobs_v1_and_v2() {
+    let job = |p: &str| parse_cgroup_path(p).slurm_job;
+    // cgroup/v2 plugin: slurmstepd's scope, the job, its step, the task.
+    assert_eq!(
+        job("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0"),
+        Some("4242".into())
+    );
+    assert_eq!(
+        job("/system.slice/slurmstepd.scope/job_77/step_batch"),
+        Some("77".into())
+    );
+    // cgroup/v1 plugin, plain and with NodeName (multiple slurmd per host).
+    assert_eq!(
+        job("/slurm/uid_1000/job_4242/step_0/task_1"),
+        Some("4242".into())
+    );
+    assert_eq!(
+        job("/slurm_node07/uid_0/job_9/step_extern"),
+        Some("9".into())
+    );
+    // A v1 line wins over the unified line on hybrid hosts.
+    let text = "12:freezer:/slurm/uid_1000/job_55/step_0/task_0\n0::/user.slice\n";
+    assert_eq!(cgroup_of(text), "/slurm/uid_1000/job_55/step_0/task_0");
+}
+
+#[test]
+fn slurm_lookalikes_are_not_jobs() {
+    let job = |p: &str| parse_cgroup_path(p).slurm_job;
+    // A tenant's own systemd manager or delegated subtree names what it likes.
+    assert_eq!(
+        job("/user.slice/user-1000.slice/slurmstepd.scope/job_1"),
+        None
+    );
+    assert_eq!(job("/system.slice/slurmstepd.scope/job_x1"), None);
+    assert_eq!(job("/system.slice/slurmstepd.scope/job_"), None);
+    assert_eq!(
+        job("/system.slice/slurmstepd.scope/job_123456789012345678901"),
+        None
+    );
+    assert_eq!(job("/slurm/uid_x/job_1/step_0"), None);
+    assert_eq!(job("/slurmish/job_1"), None);
+    assert_eq!(job("/system.slice/slurmstepd.scope/../job_1"), None);
+}
