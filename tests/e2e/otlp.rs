@@ -714,3 +714,53 @@ fn a_lost_gpus_readings_stop_being_exported() {
     );
     assert!(agent.terminate().success());
 }
+
+/// First contact: an endpoint (in the file, or `OTEL_EXPORTER_OTLP_ENDPOINT` as an SDK user
+/// would set it) without `enabled = true` pushes nothing, and the agent says so at start,
+/// naming the key to set; with `enabled = true` the same receiver gets metrics.
+#[test]
+fn an_endpoint_without_enabled_says_at_start_that_nothing_is_pushed() {
+    let rx = Receiver::start();
+    let base = |port| support::sim_config("current", port, "");
+    let file = format!(
+        "{}\n[sinks.otlp]\ninterval_secs = 1\nendpoint = {:?}\n",
+        base(support::free_port()),
+        rx.grpc_url()
+    );
+    let env_only = base(support::free_port());
+    let said = |agent: &mut Agent, what: &str| {
+        agent.wait_for(Duration::from_secs(30), |m| {
+            m.contains("hw_gpu_memory_usage_bytes")
+        });
+        let log = agent.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("WARN") && l.contains("nothing is pushed over OTLP"))
+            .unwrap_or_else(|| panic!("no warning at start:\n{log}"));
+        assert!(line.contains(what), "{line}");
+        assert!(line.contains("enabled = true"), "names the fix: {line}");
+    };
+    let mut a = Agent::spawn_config("h100-training.toml", &file);
+    said(&mut a, "[sinks.otlp] sets endpoint");
+    let url = rx.grpc_url();
+    let mut b = Agent::spawn_config_env(
+        "h100-training.toml",
+        &env_only,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str())],
+    );
+    said(&mut b, "OTEL_EXPORTER_OTLP_ENDPOINT=");
+    // Both ran a few export intervals' worth: nothing arrived.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(rx.with(|r| r.metrics.is_empty() && r.logs.is_empty()));
+    assert!(a.terminate().success() && b.terminate().success());
+    // Turned on, the same receiver gets metrics: the silence above was the switch.
+    let mut c = Agent::spawn_config(
+        "h100-training.toml",
+        &file.replace("[sinks.otlp]\n", "[sinks.otlp]\nenabled = true\n"),
+    );
+    rx.wait_for(Duration::from_secs(30), "metrics once enabled", |r| {
+        !r.metrics.is_empty()
+    });
+    assert!(!c.log().contains("nothing is pushed over OTLP"));
+    assert!(c.terminate().success());
+}

@@ -89,6 +89,11 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     let (stop_sources, stop_sinks) = (Shutdown::default(), Shutdown::default());
     // Nothing reads untrusted input until the capabilities it does not need are gone.
     crate::privileges::close_gate();
+    if let Some(why) =
+        sinks::otlp::off_but_addressed(&config.sinks.otlp, &|k| std::env::var(k).ok())
+    {
+        tracing::warn!("{why}");
+    }
     let mut sink_tasks = Vec::new();
     for sink in sinks::ALL.iter().filter(|s| (s.enabled)(&config)) {
         let ctx = Ctx {

@@ -166,6 +166,40 @@ impl OtlpConfig {
     }
 }
 
+/// Why the sink is off though the operator addressed a receiver: an endpoint in
+/// `[sinks.otlp]` or an `OTEL_EXPORTER_OTLP_*ENDPOINT` variable with `enabled` not true.
+/// Nothing is pushed then, which someone arriving from an OpenTelemetry SDK (where the
+/// variable alone turns export on) would not guess; `junction run` says so at start.
+pub fn off_but_addressed(
+    config: &OtlpConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
+    if config.enabled {
+        return None;
+    }
+    let fix = "nothing is pushed over OTLP; set enabled = true in [sinks.otlp] to push";
+    if !config.endpoint.is_empty() {
+        return Some(format!(
+            "[sinks.otlp] sets endpoint = {:?} but not enabled = true: {fix}",
+            crate::redact::url(&config.endpoint)
+        ));
+    }
+    [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+    ]
+    .into_iter()
+    .find_map(|k| {
+        env(k).filter(|v| !v.trim().is_empty()).map(|v| {
+            format!(
+                "{k}={:?} is set but [sinks.otlp] does not set enabled = true: {fix}",
+                crate::redact::url(&v)
+            )
+        })
+    })
+}
+
 /// The OTLP sink.
 pub const COMPONENT: Component = Component {
     name: "otlp",
@@ -216,4 +250,32 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
         })
         .await;
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_addressed_receiver_with_the_sink_off_is_said() {
+        let none = |_: &str| None;
+        let mut c = OtlpConfig::default();
+        assert_eq!(off_but_addressed(&c, &none), None, "nothing addressed");
+        c.endpoint = "http://user:secret@collector:4317".into();
+        let why = off_but_addressed(&c, &none).expect("said");
+        assert!(why.contains("enabled = true"), "{why}");
+        assert!(!why.contains("secret"), "credentials redacted: {why}");
+        c.enabled = true;
+        assert_eq!(off_but_addressed(&c, &none), None, "on: nothing to say");
+        let c = OtlpConfig::default();
+        let env =
+            |k: &str| (k == "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT").then(|| "http://c:4318".into());
+        let why = off_but_addressed(&c, &env).expect("said");
+        assert!(
+            why.starts_with("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT="),
+            "{why}"
+        );
+        let blank = |_: &str| Some(" ".to_string());
+        assert_eq!(off_but_addressed(&c, &blank), None);
+    }
 }
