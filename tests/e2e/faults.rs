@@ -345,3 +345,79 @@ fn assert_nvml_down(agent: &mut Agent) -> String {
     );
     body
 }
+
+/// `junction inventory` on a host without NVML: the NVML error, and beside it what every
+/// other source is doing (the kernel log's inputs and whether they can be read, eBPF, the
+/// host and bus sources, the BMC sources that are off); the exit status says NVML failed.
+#[test]
+fn inventory_without_nvml_shows_what_the_other_sources_do() {
+    let dir = support::temp_dir();
+    let kern = dir.join("kern.log");
+    std::fs::write(&kern, "").expect("kern.log");
+    let missing = dir.join("not-yet.log");
+    let port = support::free_port();
+    let base = support::sim_config("current", port, "");
+    let library = base
+        .lines()
+        .find(|l| l.starts_with("library = "))
+        .expect("a library line")
+        .to_string();
+    let cfg = base.replace(&library, "library = \"libnvidia-ml-absent.so.1\"")
+        + &format!(
+            "\n[sources.kmsg]\ndevice = \"\"\nfiles = [{:?}, {:?}]\n",
+            kern.display().to_string(),
+            missing.display().to_string()
+        );
+    let path = dir.join("junction.toml");
+    std::fs::write(&path, cfg).expect("config");
+    let out = support::output(
+        support::junction()
+            .arg("--config")
+            .arg(&path)
+            .arg("inventory"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "NVML failed: {text}");
+    assert!(err.contains("cannot initialise NVML"), "{err}");
+    let section = |name: &str| -> String {
+        text.split(&format!("\nSource {name}:\n"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no Source {name} section:\n{text}"))
+            .split("\n\n")
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        section("nvml").contains("on; failed: cannot initialise NVML"),
+        "{text}"
+    );
+    let kmsg = section("kmsg");
+    assert!(
+        kmsg.contains(&format!("file {}: readable", kern.display())),
+        "{kmsg}"
+    );
+    assert!(
+        kmsg.contains(&format!("file {}: cannot open", missing.display())),
+        "{kmsg}"
+    );
+    assert!(!kmsg.contains("device "), "no device configured: {kmsg}");
+    // Attached or not (the binary may lack its BPF programs, the kernel its probes), it
+    // says which, below its status line.
+    let ebpf = section("ebpf");
+    assert!(
+        ebpf.starts_with("  on; runs under `junction run` only\n  "),
+        "{ebpf}"
+    );
+    assert!(ebpf.lines().count() >= 2, "{ebpf}");
+    assert!(
+        section("redfish").contains("off in the configuration"),
+        "{text}"
+    );
+    assert!(
+        section("ipmi").contains("off in the configuration"),
+        "{text}"
+    );
+    assert!(section("pcie").starts_with("  on; "), "{text}");
+}

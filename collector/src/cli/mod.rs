@@ -265,23 +265,40 @@ impl Signals {
 }
 
 /// One collection by every enabled source that has one. A source that fails is reported;
-/// the command fails only if nothing could be collected.
-fn collect_once(config: Config, inspect: bool) -> anyhow::Result<Arc<Model>> {
+/// the command fails only if nothing could be collected. With `inspect` (`junction
+/// inventory`), each source's outcome is recorded for the Sources section, and the model is
+/// returned even when every collection failed, with the failures, so that what the other
+/// sources see is printed beside the error.
+fn collect_once(config: Config, inspect: bool) -> anyhow::Result<(Arc<Model>, Vec<String>)> {
     let config = Arc::new(config);
     let model = Model::new();
     model.processes.set_proc_root(config.proc_root.clone());
     let rt = runtime()?;
     let result = rt.block_on(async {
         let mut failures = Vec::new();
+        let mut status: Vec<(&'static str, String)> = Vec::new();
         let mut ran = 0;
-        for source in sources::ALL.iter().filter(|s| (s.enabled)(&config)) {
-            let Some(once) = source.once else { continue };
+        for source in sources::ALL {
+            if !(source.enabled)(&config) {
+                status.push((source.name, "off in the configuration".into()));
+                continue;
+            }
+            let Some(once) = source.once else {
+                status.push((source.name, "on; runs under `junction run` only".into()));
+                continue;
+            };
             ran += 1;
             match once(config.clone(), model.clone()).await {
-                Ok(()) => {}
+                Ok(()) => status.push((source.name, "on; collected".into())),
                 // Nothing of its kind here: not run.
-                Err(e) if e.downcast_ref::<crate::agent::NothingHere>().is_some() => ran -= 1,
-                Err(e) => failures.push(format!("{} source failed: {e:#}", source.name)),
+                Err(e) if e.downcast_ref::<crate::agent::NothingHere>().is_some() => {
+                    ran -= 1;
+                    status.push((source.name, format!("on; nothing here: {e:#}")));
+                }
+                Err(e) => {
+                    status.push((source.name, format!("on; failed: {e:#}")));
+                    failures.push(format!("{} source failed: {e:#}", source.name));
+                }
             }
         }
         for c in sources::ALL.iter().filter(|s| (s.enabled)(&config)) {
@@ -295,6 +312,20 @@ fn collect_once(config: Config, inspect: bool) -> anyhow::Result<Arc<Model>> {
                     check(config.clone(), model.clone()).await;
                 }
             }
+            let details = model.source_details();
+            for (name, line) in status {
+                let mut lines = vec![line];
+                lines.extend(details.get(name).cloned().unwrap_or_default());
+                model.set_source_detail(name, lines);
+            }
+            if let Some(why) =
+                sinks::otlp::off_but_addressed(&config.sinks.otlp, &|k| std::env::var(k).ok())
+            {
+                model.set_source_detail("otlp", vec![why]);
+            }
+            // Partial failures are in the Sources section; a total one fails the command.
+            let total = ran > 0 && failures.len() == ran;
+            return Ok(if total { failures } else { Vec::new() });
         }
         match (ran, failures.len()) {
             (0, _) => anyhow::bail!("no source is enabled: nothing to collect"),
@@ -303,17 +334,17 @@ fn collect_once(config: Config, inspect: bool) -> anyhow::Result<Arc<Model>> {
                 for f in failures {
                     eprintln!("junction: {f}");
                 }
-                Ok(())
+                Ok(Vec::new())
             }
         }
     });
     rt.shutdown_timeout(SHUTDOWN_DEADLINE);
-    result.map(|()| model)
+    result.map(|f| (model, f))
 }
 
 /// `junction once`: one collection, printed.
 pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
-    let model = collect_once(config, false)?;
+    let (model, _) = collect_once(config, false)?;
     let text = match format {
         Format::Prometheus => prometheus::render(&model),
         Format::Json => serde_json::to_string_pretty(&json(&model))? + "\n",
@@ -325,12 +356,16 @@ pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
 
 /// `junction inventory`: GPUs, supported and disabled features, health.
 pub fn inventory(config: Config, format: InventoryFormat) -> anyhow::Result<()> {
-    let model = collect_once(config, true)?;
+    let (model, failed) = collect_once(config, true)?;
     match format {
         InventoryFormat::Json => {
             println!("{}", serde_json::to_string_pretty(&inventory_json(&model))?)
         }
         InventoryFormat::Table => print!("{}", inventory_table(&model)),
+    }
+    // Every collection failed: printed above with the rest, and the exit status says so.
+    if !failed.is_empty() {
+        anyhow::bail!("{}", failed.join("\n"));
     }
     Ok(())
 }

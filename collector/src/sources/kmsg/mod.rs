@@ -108,9 +108,38 @@ pub const COMPONENT: Component = Component {
     },
     start: |c, ctx| Box::pin(start(c, ctx)),
     once: None,
-    inspect: None,
+    inspect: Some(|c, model| {
+        Box::pin(async move { model.set_source_detail("kmsg", describe(&c.sources.kmsg)) })
+    }),
     derive: None,
 };
+
+/// What `junction inventory` shows about the source: each input and whether it can be read
+/// now (the source itself follows them only under `junction run`).
+fn describe(c: &KmsgConfig) -> Vec<String> {
+    let mut lines = Vec::new();
+    if !c.device.is_empty() {
+        lines.push(match std::fs::File::open(&c.device) {
+            Ok(_) => format!("device {}: readable", c.device),
+            Err(e) => format!(
+                "device {}: cannot open ({e}); run as root (CAP_SYSLOG) with the host's /dev/kmsg",
+                c.device
+            ),
+        });
+    }
+    for f in &c.files {
+        lines.push(match std::fs::File::open(f) {
+            Ok(_) => format!("file {f}: readable"),
+            Err(e) => format!("file {f}: cannot open ({e}); followed once it appears"),
+        });
+    }
+    for d in &c.crash_dirs {
+        if std::path::Path::new(d).is_dir() {
+            lines.push(format!("crash records {d}: present"));
+        }
+    }
+    lines
+}
 
 /// What one input (the device, or the files) counts and how it hands lines on.
 pub struct Input {
