@@ -27,6 +27,8 @@ commands:
   bench --bmc       the BMC polls alone; rewrites BENCHMARKS.md's BMC section
   bench --fabric    the NIC and PCIe polls alone; rewrites that section of BENCHMARKS.md
   bench --kmsg      the kernel-log benchmarks alone; rewrites that section of BENCHMARKS.md
+  bench --dcgm      the dcgm-exporter compatibility page's cost per scrape beside /metrics; rewrites
+                    that section of BENCHMARKS.md
   fuzz [--secs N] [--write]
                     fuzz every parser of outside input for N seconds each (default 60); --write
                     puts the figures in BENCHMARKS.md's fuzzing section
@@ -48,6 +50,9 @@ fn main() -> Result<()> {
         "bench" if rest.iter().any(|a| a == "--bmc") => bench::run_bmc(),
         "bench" if rest.iter().any(|a| a == "--fabric") => bench::run_fabric(),
         "bench" if rest.iter().any(|a| a == "--kmsg") => bench::run_kmsg(),
+        "bench" if rest.iter().any(|a| a == "--dcgm") => {
+            bench::run_dcgm(rest.iter().any(|a| a == "--smoke"))
+        }
         "bench" => bench::run(rest.iter().any(|a| a == "--smoke")),
         "image" => image::build().map(|r| println!("{r}")),
         "fuzz" => fuzz_command(rest),

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use crate::{cargo, nvml_sim_profile, root, run as run_cmd, setup, sim_config};
 
 mod bmc;
+mod dcgm;
 mod ebpf;
 mod fabric;
 mod kmsg;
@@ -206,6 +207,7 @@ pub fn run(smoke: bool) -> Result<()> {
     m.gpus = 8;
     results.push(m);
 
+    let compat = dcgm::run(&bin, &lib, window, &dir)?;
     let kmsg = kmsg::run(&bin, &lib, smoke, &dir)?;
     let ebpf = ebpf::run(&bin, smoke)?;
     let bmc = bmc::run(&bin, smoke, &dir)?;
@@ -218,6 +220,7 @@ pub fn run(smoke: bool) -> Result<()> {
         crate::fuzz::run_all(u64::MAX / 2, fuzz_secs)?
     };
     let mut report = report(&results, window, smoke, profile);
+    report.push_str(&dcgm::report(&compat));
     report.push_str(&kmsg_report(&kmsg));
     report.push_str(&ebpf::report(&ebpf));
     report.push_str(&bmc::report(&bmc));
@@ -267,6 +270,33 @@ pub fn run_fabric() -> Result<()> {
     print!("{section}");
     replace_section("\n## NIC and PCIe polls\n", &section)?;
     println!("wrote the NIC and PCIe section of BENCHMARKS.md");
+    Ok(())
+}
+
+/// `cargo xtask bench --dcgm`: the compatibility listener's runs alone, release build; that
+/// section of BENCHMARKS.md is replaced (or added), the rest kept. With `--smoke`: the debug
+/// build for a few seconds, nothing written.
+pub fn run_dcgm(smoke: bool) -> Result<()> {
+    let lib = nvml_sim_profile(!smoke)?;
+    let mut build = cargo();
+    build.args(["build", "--quiet", "-p", "junction", "--bins"]);
+    if !smoke {
+        build.arg("--release");
+    }
+    run_cmd(&mut build)?;
+    let profile = if smoke { "debug" } else { "release" };
+    let bin = root().join("target").join(profile).join("junction");
+    let dir = root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let window = Duration::from_secs(if smoke { 3 } else { 60 });
+    let section = dcgm::report(&dcgm::run(&bin, &lib, window, &dir)?);
+    print!("{section}");
+    if !smoke {
+        replace_section("\n## dcgm-exporter compatibility output\n", &section)?;
+        // Leave the debug simulator in place for the tests.
+        crate::nvml_sim()?;
+        println!("wrote the dcgm-exporter compatibility section of BENCHMARKS.md");
+    }
     Ok(())
 }
 
