@@ -79,6 +79,7 @@ pub fn run(bin: &Path, lib: &Path, window: Duration, dir: &Path) -> Result<Vec<N
 pub fn report(nodes: &[Node]) -> String {
     let mut out = String::from(
         "\n## dcgm-exporter compatibility output\n\n\
+         Command: `cargo xtask bench` (this section alone: `cargo xtask bench --dcgm`).\n\
          `[sinks.dcgm]` on (dcgm-exporter's default counter set), every NVML group at 1 s, three\n\
          runs per node: collection only, `/metrics` scraped once a second, the compatibility page\n\
          scraped once a second. CPU per scrape is the scraped run's CPU less the collection-only\n\
