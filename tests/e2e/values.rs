@@ -482,6 +482,8 @@ fn mig_instances_are_reported() {
         "GPU-a100a100-0000-4000-8000-000000000001"
     );
     assert_eq!(m.labels["gpu_mig_gpu_instance_id"], "1");
+    // The profile, from the MIG device's name ("NVIDIA A100-SXM4-80GB MIG 3g.40gb").
+    assert_eq!(m.labels["gpu_mig_profile"], "3g.40gb");
     close(value(&s, "gpu_mig_mode", &[]), 1.0, "mig on");
     let p = s
         .iter()

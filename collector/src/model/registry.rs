@@ -234,11 +234,11 @@ registry! {
         "agent", "What the BPF programs could not record: ring_full (records dropped), inflight_full, processes_full, unreadable (parameter blocks that could not be read).";
     MigMode = "gpu.mig.mode", "{state}", Gauge, [], Mig,
         "nvmlDeviceGetMigMode", "1 if MIG mode is enabled.";
-    MigMemoryUsage = "gpu.mig.memory.usage", "By", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id"], Mig,
+    MigMemoryUsage = "gpu.mig.memory.usage", "By", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id", "gpu.mig.profile"], Mig,
         "nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetMemoryInfo_v2", "Memory used in a MIG instance (hw.id is the MIG UUID).";
-    MigMemoryLimit = "gpu.mig.memory.limit", "By", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id"], Mig,
+    MigMemoryLimit = "gpu.mig.memory.limit", "By", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id", "gpu.mig.profile"], Mig,
         "nvmlDeviceGetMemoryInfo_v2", "Memory of a MIG instance (hw.id is the MIG UUID).";
-    MigProcesses = "gpu.mig.processes", "{process}", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id"], Mig,
+    MigProcesses = "gpu.mig.processes", "{process}", UpDownCounter, ["hw.parent", "gpu.mig.gpu_instance_id", "gpu.mig.compute_instance_id", "gpu.mig.profile"], Mig,
         "nvmlDeviceGetComputeRunningProcesses_v3 on the MIG handle", "Compute processes in a MIG instance.";
     GpmSmActivity = "gpu.sm.activity", "1", Gauge, ["gpu.mig.gpu_instance_id"], Gpm,
         "nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL)", "Fraction of SMs busy, averaged over the GPM interval (DCGM PROF_SM_ACTIVE).";

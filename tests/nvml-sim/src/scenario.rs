@@ -151,6 +151,11 @@ pub struct Mig {
 #[serde(deny_unknown_fields)]
 pub struct MigInstance {
     pub uuid: String,
+    /// The GPU instance's profile ("1g.10gb"): a MIG device's name is the GPU's name, then
+    /// "MIG", then this (as CUDA and NVML name a MIG device: "NVIDIA A100-SXM4-40GB MIG
+    /// 1g.5gb"); absent, the name ends at "MIG".
+    #[serde(default)]
+    pub profile: Option<String>,
     pub gpu_instance_id: u32,
     pub compute_instance_id: u32,
     pub memory_total_mib: u64,

@@ -191,7 +191,10 @@ export!(
         let (_, t) = crate::state::device(device, "nvmlDeviceGetName")?;
         let n = match &t {
             Target::Gpu(g) => g.name.clone(),
-            Target::Mig(g, _, _) => format!("{} MIG", g.name),
+            Target::Mig(g, _, m) => match &m.profile {
+                Some(p) => format!("{} MIG {p}", g.name),
+                None => format!("{} MIG", g.name),
+            },
         };
         Ok(write_str(&n, name, length))
     }

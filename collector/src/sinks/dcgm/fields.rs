@@ -594,7 +594,12 @@ pub fn markdown() -> String {
          The fields `[sinks.dcgm]` serves under dcgm-exporter's names, labels and units \
          (docs/MIGRATING.md). `default` marks dcgm-exporter's default counter set \
          (`etc/default-counters.csv`, which its DCP set equals); a counters file in its CSV \
-         format selects any of these.\n\n\
+         format selects any of these. On a MIG-enabled GPU every row is a GPU instance's, as \
+         dcgm-exporter's are (`GPU_I_PROFILE`, `GPU_I_ID`, the parent GPU's `UUID`; compute \
+         instances share their GPU instance's row): `FB_USED`/`FB_FREE`/`FB_TOTAL` and the \
+         `PROF_*` fields are the instance's own readings (`gpu.mig.memory.*`, GPM per GPU \
+         instance), the rest the GPU's; `FB_RESERVED` and the utilisations NVML does not \
+         give in MIG mode are left out.\n\n\
          | field | type | default | value | from |\n|---|---|---|---|---|\n",
     );
     for f in FIELDS {

@@ -200,6 +200,75 @@ fn gpu_value(slot: &GpuSlot, m: Metric, attrs: &[(&str, &str)]) -> Option<f64> {
         .filter(|v| v.is_finite())
 }
 
+/// One GPU instance of a MIG-enabled GPU: its id, its profile, its MIG devices' UUIDs (one
+/// per compute instance; dcgm-exporter's rows are per GPU instance).
+struct Instance {
+    id: String,
+    profile: String,
+    uuids: Vec<String>,
+}
+
+/// The GPU instances whose profile is known, in id order.
+fn instances(slot: &GpuSlot) -> Vec<Instance> {
+    let mut out: Vec<Instance> = Vec::new();
+    for s in slot.groups.iter().flat_map(|g| g.iter()) {
+        if s.metric != Metric::MigMemoryLimit {
+            continue;
+        }
+        let (Some(id), Some(profile), Some(uuid)) = (
+            s.attr("gpu.mig.gpu_instance_id"),
+            s.attr("gpu.mig.profile"),
+            s.attr("hw.id"),
+        ) else {
+            continue;
+        };
+        match out.iter_mut().find(|i| i.id == id) {
+            Some(i) => i.uuids.push(uuid.to_string()),
+            None => out.push(Instance {
+                id: id.to_string(),
+                profile: profile.to_string(),
+                uuids: vec![uuid.to_string()],
+            }),
+        }
+    }
+    out.sort_by_key(|i| i.id.parse::<u64>().unwrap_or(u64::MAX));
+    out
+}
+
+/// A field's value on a GPU instance's row: the instance's own memory and GPM readings, the
+/// GPU's for what the GPU as a whole reports (temperature, power, clocks).
+fn instance_value(slot: &GpuSlot, m: Metric, attrs: &[(&str, &str)], gi: &str) -> Option<f64> {
+    let own = |metric: Metric, attrs: &[(&str, &str)]| {
+        slot.groups
+            .iter()
+            .flat_map(|g| g.iter())
+            .find(|s| {
+                s.metric == metric
+                    && s.attr("gpu.mig.gpu_instance_id") == Some(gi)
+                    && attrs.iter().all(|(k, v)| s.attr(k) == Some(v))
+            })
+            .map(|s| s.value)
+            .filter(|v| v.is_finite())
+    };
+    match m {
+        Metric::MemoryUsage => own(Metric::MigMemoryUsage, &[]),
+        Metric::MemoryLimit => own(Metric::MigMemoryLimit, &[]),
+        Metric::MemoryFree => {
+            Some((own(Metric::MigMemoryLimit, &[])? - own(Metric::MigMemoryUsage, &[])?).max(0.0))
+        }
+        // The GPU's reservation and copy-engine utilisation are not an instance's.
+        Metric::MemoryReserved | Metric::MemoryUtilization => None,
+        Metric::GpmSmActivity
+        | Metric::GpmSmOccupancy
+        | Metric::GpmGraphicsActivity
+        | Metric::GpmPipeActivity
+        | Metric::GpmDramActivity
+        | Metric::GpmPcieThroughput
+        | Metric::GpmNvlinkThroughput => own(m, attrs),
+        _ => gpu_value(slot, m, attrs),
+    }
+}
+
 /// The pods holding each GPU (by UUID): (container, namespace, pod).
 fn pods(model: &Model) -> Vec<(String, [String; 3])> {
     let mut out = Vec::new();
@@ -225,11 +294,18 @@ pub fn render(model: &Model, fields: &[Selected], hostname: &str, hpc_dir: &str)
     let driver = model.driver().map(|d| d.driver_version).unwrap_or_default();
     let pods = pods(model);
     let labels: Vec<&Selected> = fields.iter().filter(|s| s.kind == Kind::Label).collect();
-    // The fixed part of each GPU's lines, and its attributes but XID's.
-    let heads: Vec<(String, Vec<String>)> = slots
-        .iter()
-        .map(|slot| {
-            let i = &slot.info;
+    // The fixed part of each row's lines (a GPU's, or each GPU instance's on a MIG-enabled
+    // GPU), and its attributes but XID's.
+    let mut heads: Vec<(&GpuSlot, Option<String>, String, Vec<String>)> = Vec::new();
+    for slot in &slots {
+        let i = &slot.info;
+        let insts = instances(slot);
+        let rows: Vec<Option<&Instance>> = if insts.is_empty() {
+            vec![None]
+        } else {
+            insts.iter().map(Some).collect()
+        };
+        for inst in rows {
             let mut h = format!(
                 "gpu=\"{}\",UUID=\"{}\",pci_bus_id=\"{}\",device=\"nvidia{}\",modelName=\"{}\"",
                 i.index,
@@ -238,6 +314,14 @@ pub fn render(model: &Model, fields: &[Selected], hostname: &str, hpc_dir: &str)
                 i.index,
                 esc(&i.name)
             );
+            if let Some(g) = inst {
+                let _ = write!(
+                    h,
+                    ",GPU_I_PROFILE=\"{}\",GPU_I_ID=\"{}\"",
+                    esc(&g.profile),
+                    esc(&g.id)
+                );
+            }
             if !hostname.is_empty() {
                 let _ = write!(h, ",Hostname=\"{}\"", esc(hostname));
             }
@@ -247,14 +331,21 @@ pub fn render(model: &Model, fields: &[Selected], hostname: &str, hpc_dir: &str)
                 }
             }
             let jobs = hpc_jobs(hpc_dir, i.index);
-            let pod = pods.iter().find(|(id, _)| *id == i.uuid).map(|(_, p)| p);
+            // A pod holding one of the instance's MIG devices, else the GPU.
+            let pod = inst
+                .and_then(|g| {
+                    pods.iter()
+                        .find(|(id, _)| g.uuids.contains(id))
+                        .map(|(_, p)| p)
+                })
+                .or_else(|| pods.iter().find(|(id, _)| *id == i.uuid).map(|(_, p)| p));
             // One row per job (dcgm-exporter duplicates a GPU's rows per job), or one.
-            let rows = if jobs.is_empty() {
+            let per_job = if jobs.is_empty() {
                 vec![None]
             } else {
                 jobs.iter().map(Some).collect()
             };
-            let tails = rows
+            let tails = per_job
                 .into_iter()
                 .map(|job| {
                     let mut t = Vec::new();
@@ -273,15 +364,21 @@ pub fn render(model: &Model, fields: &[Selected], hostname: &str, hpc_dir: &str)
                         .collect::<String>()
                 })
                 .collect();
-            (h, tails)
-        })
-        .collect();
+            heads.push((slot, inst.map(|g| g.id.clone()), h, tails));
+        }
+    }
     let mut out = String::with_capacity(256 * fields.len() * slots.len().max(1));
     for sel in fields.iter().filter(|s| s.kind != Kind::Label) {
         let mut lines = String::new();
-        for (slot, (head, tails)) in slots.iter().zip(&heads) {
+        for (slot, gi, head, tails) in &heads {
             let (value, xid) = match sel.field.source {
-                Source::Nvml(m, attrs, k) => (gpu_value(slot, m, attrs).map(|v| v * k), None),
+                Source::Nvml(m, attrs, k) => {
+                    let v = match gi {
+                        Some(gi) => instance_value(slot, m, attrs, gi),
+                        None => gpu_value(slot, m, attrs),
+                    };
+                    (v.map(|v| v * k), None)
+                }
                 Source::Sum(m, k) => {
                     let mut any = false;
                     let sum: f64 = slot

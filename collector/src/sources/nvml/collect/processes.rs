@@ -201,11 +201,21 @@ pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> 
         }
         let gi = gi_id.unwrap_or(u32::MAX).to_string();
         let ci = ci_id.unwrap_or(u32::MAX).to_string();
+        // The GPU instance's profile, from the MIG device's name ("NVIDIA A100-SXM4-40GB MIG
+        // 1g.5gb"); none where the name does not carry one.
+        let profile = ctx
+            .call("mig_profile", |_| m.name())?
+            .and_then(|n| mig_profile(&n));
         let tag = |s: Sample| {
-            s.with("hw.id", uuid.clone())
+            let s = s
+                .with("hw.id", uuid.clone())
                 .with("hw.parent", parent.clone())
                 .with("gpu.mig.gpu_instance_id", gi.clone())
-                .with("gpu.mig.compute_instance_id", ci.clone())
+                .with("gpu.mig.compute_instance_id", ci.clone());
+            match &profile {
+                Some(p) => s.with("gpu.mig.profile", p.clone()),
+                None => s,
+            }
         };
         let mem = ctx.call("mig_memory", |_| {
             m.memory_info().or_else(|e| match e {
@@ -235,9 +245,36 @@ pub(super) fn mig(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> 
     Ok(())
 }
 
+/// The profile at the end of a MIG device's name: `<n>g.<m>gb` (with its `+me`-style
+/// suffixes, `1g.10gb+me`), at most 32 characters.
+fn mig_profile(name: &str) -> Option<String> {
+    let p = name.rsplit_once(" MIG ")?.1.trim();
+    let ok = p.len() <= 32
+        && p.split_once("g.")
+            .is_some_and(|(g, _)| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
+        && p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+.-_".contains(&b));
+    ok.then(|| p.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_profile_is_the_end_of_a_mig_devices_name() {
+        assert_eq!(
+            mig_profile("NVIDIA A100-SXM4-40GB MIG 1g.5gb").as_deref(),
+            Some("1g.5gb")
+        );
+        assert_eq!(
+            mig_profile("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me").as_deref(),
+            Some("1g.10gb+me")
+        );
+        assert_eq!(mig_profile("NVIDIA A100-SXM4-80GB MIG"), None);
+        assert_eq!(mig_profile("NVIDIA A100 MIG x\"y"), None);
+        assert_eq!(mig_profile("NVIDIA A100 MIG g.5gb"), None);
+    }
 
     fn s(pid: u32, ts: u64, sm: u32) -> ProcessUtilizationSample {
         ProcessUtilizationSample {
