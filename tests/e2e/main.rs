@@ -24,4 +24,5 @@ mod quirks;
 mod real_bmcs;
 mod rules;
 mod self_telemetry;
+mod semconv;
 mod values;

@@ -339,9 +339,9 @@ fn future_driver_without_deprecated_symbols_still_exports_everything() {
             &[("hw_sensor_location", loc), ("hw_limit_type", kind)],
         )
     };
-    assert_eq!(limit("gpu_die", "slowdown"), Some(90.0));
-    assert_eq!(limit("gpu_die", "shutdown"), Some(92.0));
-    assert_eq!(limit("memory_junction", "max_operating"), Some(95.0));
+    assert_eq!(limit("gpu_die", "throttled"), Some(90.0));
+    assert_eq!(limit("gpu_die", "high.critical"), Some(92.0));
+    assert_eq!(limit("memory_junction", "max"), Some(95.0));
 }
 
 /// Guards the current enums and limits: 36 NVLink links (not cut at 18), the DL ECC data

@@ -79,10 +79,17 @@ fn every_family_has_the_scenario_values() {
         0.03,
         "decoder util",
     );
+    // The memory controller's busy time, and (OpenTelemetry's hw.gpu.memory.utilization) the
+    // fraction of memory in use.
+    close(
+        on("gpu_memory_activity_ratio", g0, &[]),
+        0.48,
+        "memory activity",
+    );
     close(
         on("hw_gpu_memory_utilization_ratio", g0, &[]),
-        0.48,
-        "memory util",
+        62459.0 / 81559.0,
+        "memory in use",
     );
 
     // memory: MiB -> bytes
@@ -175,7 +182,7 @@ fn every_family_has_the_scenario_values() {
             g0,
             &[
                 ("hw_sensor_location", "memory_junction"),
-                ("hw_limit_type", "max_operating"),
+                ("hw_limit_type", "max"),
             ],
         ),
         95.0,
@@ -187,7 +194,7 @@ fn every_family_has_the_scenario_values() {
             g0,
             &[
                 ("hw_sensor_location", "gpu_die"),
-                ("hw_limit_type", "slowdown"),
+                ("hw_limit_type", "throttled"),
             ],
         ),
         90.0,
@@ -246,22 +253,15 @@ fn every_family_has_the_scenario_values() {
 
     // errors
     close(
-        on(
-            "hw_errors_total",
-            g0,
-            &[("error_type", "corrected"), ("gpu_ecc_counter", "volatile")],
-        ),
+        on("hw_errors_total", g0, &[("error_type", "corrected")]),
         2.0,
         "ecc volatile",
     );
     close(
         on(
-            "hw_errors_total",
+            "gpu_ecc_errors_lifetime_total",
             g0,
-            &[
-                ("error_type", "corrected"),
-                ("gpu_ecc_counter", "aggregate"),
-            ],
+            &[("error_type", "corrected")],
         ),
         17.0,
         "ecc aggregate",
@@ -687,7 +687,11 @@ fn pynvml_agrees(python: &std::path::Path, scenario: &str) {
             "pcie rx",
         );
         eq(
-            metric(g, "hw.errors", Some(("gpu.ecc.counter", "aggregate"))),
+            metric(
+                g,
+                "gpu.ecc.errors.lifetime",
+                Some(("error.type", "corrected")),
+            ),
             p["ecc_corrected_aggregate"].as_f64().expect("ecc"),
             0.0,
             "ecc",

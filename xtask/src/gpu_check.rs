@@ -35,7 +35,7 @@ const FIELDS: &[Field] = &[
     },
     Field {
         smi: "utilization.memory",
-        metric: "hw.gpu.memory.utilization",
+        metric: "gpu.memory.activity",
         attr: None,
         to_smi: 100.0,
         tolerance: 15.0,
@@ -115,8 +115,8 @@ const FIELDS: &[Field] = &[
     },
     Field {
         smi: "ecc.errors.corrected.aggregate.total",
-        metric: "hw.errors",
-        attr: Some(("gpu.ecc.counter", "aggregate")),
+        metric: "gpu.ecc.errors.lifetime",
+        attr: Some(("error.type", "corrected")),
         to_smi: 1.0,
         tolerance: 0.0,
         why: "count (corrected)",

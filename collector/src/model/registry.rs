@@ -130,8 +130,10 @@ registry! {
         "derived", "1 for each reason the GPU is not ok (docs/HEALTH.md lists them with their rules): gpu_lost, reset_required, xid_79, xid_fatal, ecc_uncorrectable, remap_pending, thermal_forecast, leak_detected, …";
     Utilization = "hw.gpu.utilization", "1", Gauge, ["hw.gpu.task"], Utilization,
         "nvmlDeviceGetUtilizationRates, nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization", "Fraction of time the GPU (general), encoder or decoder was busy.";
-    MemoryUtilization = "hw.gpu.memory.utilization", "1", Gauge, [], Utilization,
-        "nvmlDeviceGetUtilizationRates", "Fraction of time device memory was being read or written.";
+    MemoryActivity = "gpu.memory.activity", "1", Gauge, [], Utilization,
+        "nvmlDeviceGetUtilizationRates (memory)", "Fraction of time device memory was being read or written (nvidia-smi's utilization.memory, DCGM's MEM_COPY_UTIL); not how full it is, which is hw.gpu.memory.utilization.";
+    MemoryUtilization = "hw.gpu.memory.utilization", "1", Gauge, [], Memory,
+        "nvmlDeviceGetMemoryInfo_v2 (used / total)", "Fraction of device memory in use.";
     MemoryUsage = "hw.gpu.memory.usage", "By", UpDownCounter, [], Memory,
         "nvmlDeviceGetMemoryInfo_v2 (v1 on old drivers)", "Device memory in use.";
     MemoryLimit = "hw.gpu.memory.limit", "By", UpDownCounter, [], Memory,
@@ -166,8 +168,10 @@ registry! {
         "nvmlDeviceGetCurrentClocksEventReasons (…ThrottleReasons on older drivers)", "1 while the clock event (throttle) reason is active.";
     ViolationTime = "gpu.violation.time", "s", Counter, ["gpu.violation.type"], Clocks,
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_PERF_POLICY_POWER/THERMAL, NVML_FI_DEV_CLOCKS_EVENT_REASON_*) (ns; nvmlDeviceGetViolationStatus on older drivers)", "Time the GPU was held below its clocks: power, thermal, sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown.";
-    EccErrors = "hw.errors", "{error}", Counter, ["hw.type", "error.type", "gpu.ecc.counter", "hw.name", "nic.port"], Errors,
-        "nvmlDeviceGetTotalEccErrors; /sys/class/infiniband/*/ports/*/counters/* (the IBTA error counters)", "GPU ECC errors: corrected or uncorrected; volatile (since driver load) or aggregate (lifetime). NIC port errors (hw.type network): error.type is the counter's name (symbol_error, link_downed, port_rcv_errors, …), monotonic across saturation resets.";
+    EccErrors = "hw.errors", "{error}", Counter, ["hw.type", "error.type", "hw.name", "nic.port"], Errors,
+        "nvmlDeviceGetTotalEccErrors (NVML_VOLATILE_ECC); /sys/class/infiniband/*/ports/*/counters/* (the IBTA error counters)", "GPU ECC errors since the driver loaded: corrected or uncorrected (the lifetime count is gpu.ecc.errors.lifetime). NIC port errors (hw.type network): error.type is the counter's name (symbol_error, link_downed, port_rcv_errors, …), monotonic across saturation resets.";
+    EccErrorsLifetime = "gpu.ecc.errors.lifetime", "{error}", Counter, ["error.type"], Errors,
+        "nvmlDeviceGetTotalEccErrors (NVML_AGGREGATE_ECC)", "GPU ECC errors over the GPU's life (kept in its InfoROM across driver loads; includes those in hw.errors): corrected or uncorrected.";
     RetiredPages = "gpu.memory.retired_pages", "{page}", UpDownCounter, ["gpu.retirement.cause"], Errors,
         "nvmlDeviceGetRetiredPages", "Pages retired for multiple single-bit or double-bit ECC errors (pre-Ampere).";
     RetiredPending = "gpu.memory.retired_pages.pending", "{state}", Gauge, [], Errors,
@@ -371,7 +375,7 @@ registry! {
     HealthAction = "gpu.health.action", "{state}", Gauge, ["gpu.health.action"], Status,
         "derived (the health rules)", "1 for the one action the GPU's reasons call for: none, restart_app, reset_gpu, reboot_node, drain_and_service (see gpu.health.reason).";
     TimeToThreshold = "gpu.temperature.time_to_threshold", "s", Gauge, ["hw.sensor_location"], Status,
-        "derived: a robust trend of hw.temperature against hw.temperature.limit (slowdown for the die, max_operating for the memory junction)", "Forecast time until the die or memory-junction temperature reaches its limit; present only while a steady rise toward it is seen (docs/HEALTH.md).";
+        "derived: a robust trend of hw.temperature against hw.temperature.limit (throttled, the slowdown limit, for the die; max for the memory junction)", "Forecast time until the die or memory-junction temperature reaches its limit; present only while a steady rise toward it is seen (docs/HEALTH.md).";
     CoolantTimeToThreshold = "cooling.coolant.time_to_threshold", "s", Gauge, ["hw.name", "junction.target", "cooling.coolant.point"], Status,
         "derived: a robust trend of a BMC coolant supply temperature against its lowest upper threshold", "Forecast time until the coolant supply temperature reaches its upper threshold; present only while it rises steadily.";
     SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,

@@ -201,7 +201,7 @@ pub static FIELDS: &[Field] = &[
         "DCGM_FI_DEV_MEM_COPY_UTIL",
         Gauge,
         true,
-        N(Metric::MemoryUtilization, &[], 100.0),
+        N(Metric::MemoryActivity, &[], 100.0),
         "Memory utilization (in %)."
     ),
     f!(
@@ -302,25 +302,14 @@ pub static FIELDS: &[Field] = &[
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
         Counter,
         true,
-        N(
-            Metric::EccErrors,
-            &[("error.type", "corrected"), ("gpu.ecc.counter", "volatile")],
-            1.0
-        ),
+        N(Metric::EccErrors, &[("error.type", "corrected")], 1.0),
         "Total number of single-bit volatile ECC errors."
     ),
     f!(
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
         Counter,
         true,
-        N(
-            Metric::EccErrors,
-            &[
-                ("error.type", "uncorrected"),
-                ("gpu.ecc.counter", "volatile")
-            ],
-            1.0
-        ),
+        N(Metric::EccErrors, &[("error.type", "uncorrected")], 1.0),
         "Total number of double-bit volatile ECC errors."
     ),
     f!(
@@ -328,11 +317,8 @@ pub static FIELDS: &[Field] = &[
         Counter,
         true,
         N(
-            Metric::EccErrors,
-            &[
-                ("error.type", "corrected"),
-                ("gpu.ecc.counter", "aggregate")
-            ],
+            Metric::EccErrorsLifetime,
+            &[("error.type", "corrected")],
             1.0
         ),
         "Total number of single-bit persistent ECC errors."
@@ -342,11 +328,8 @@ pub static FIELDS: &[Field] = &[
         Counter,
         true,
         N(
-            Metric::EccErrors,
-            &[
-                ("error.type", "uncorrected"),
-                ("gpu.ecc.counter", "aggregate")
-            ],
+            Metric::EccErrorsLifetime,
+            &[("error.type", "uncorrected")],
             1.0
         ),
         "Total number of double-bit persistent ECC errors."

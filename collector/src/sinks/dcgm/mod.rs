@@ -257,7 +257,7 @@ fn instance_value(slot: &GpuSlot, m: Metric, attrs: &[(&str, &str)], gi: &str) -
             Some((own(Metric::MigMemoryLimit, &[])? - own(Metric::MigMemoryUsage, &[])?).max(0.0))
         }
         // The GPU's reservation and copy-engine utilisation are not an instance's.
-        Metric::MemoryReserved | Metric::MemoryUtilization => None,
+        Metric::MemoryReserved | Metric::MemoryActivity => None,
         Metric::GpmSmActivity
         | Metric::GpmSmOccupancy
         | Metric::GpmGraphicsActivity

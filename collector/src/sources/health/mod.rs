@@ -155,10 +155,7 @@ struct Evaluator {
 }
 
 /// The forecast series: (location, limit type) of the NVML thresholds they aim at.
-const FORECASTS: [(&str, &str); 2] = [
-    ("gpu_die", "slowdown"),
-    ("memory_junction", "max_operating"),
-];
+const FORECASTS: [(&str, &str); 2] = [("gpu_die", "throttled"), ("memory_junction", "max")];
 
 impl Evaluator {
     fn new(cfg: HealthConfig, expect: drift::ExpectConfig) -> Self {
@@ -386,11 +383,7 @@ impl GpuState {
                 }
             }
         }
-        if let Some(n) = find(
-            all(),
-            Metric::EccErrors,
-            &[("error.type", "corrected"), ("gpu.ecc.counter", "volatile")],
-        ) {
+        if let Some(n) = find(all(), Metric::EccErrors, &[("error.type", "corrected")]) {
             st.ecc.push_back((now, n));
             while st
                 .ecc

@@ -120,14 +120,10 @@ pub fn evaluate(slot: &GpuSlot, rates: &Rates, ecc_rising_per_hour: f64) -> Vec<
 fn memory_and_recovery(slot: &GpuSlot, out: &mut Vec<Finding>) {
     use HealthState::{Degraded, Failed};
     let s = || samples(slot);
-    let ecc = |ty: &str, scope: &str| {
-        find(
-            s(),
-            Metric::EccErrors,
-            &[("error.type", ty), ("gpu.ecc.counter", scope)],
-        )
-    };
-    if let Some(n) = ecc("uncorrected", "volatile").filter(|n| *n > 0.0) {
+    // Since the driver loaded (hw.errors); the lifetime count would keep a replaced part's
+    // history in the verdict.
+    let ecc = |ty: &str| find(s(), Metric::EccErrors, &[("error.type", ty)]);
+    if let Some(n) = ecc("uncorrected").filter(|n| *n > 0.0) {
         out.push(f(
             Code::EccUncorrectable,
             Failed,
@@ -205,7 +201,7 @@ fn thermal(slot: &GpuSlot, rates: &Rates, out: &mut Vec<Finding>) {
             &[("hw.sensor_location", loc), ("hw.limit_type", ty)],
         )
     };
-    if let (Some(t), Some(l)) = (temp("gpu_die"), limit("gpu_die", "slowdown"))
+    if let (Some(t), Some(l)) = (temp("gpu_die"), limit("gpu_die", "throttled"))
         && t >= l
     {
         out.push(f(
@@ -214,10 +210,8 @@ fn thermal(slot: &GpuSlot, rates: &Rates, out: &mut Vec<Finding>) {
             Action::None,
             format!("die at {t} °C, slowdown at {l} °C"),
         ));
-    } else if let (Some(t), Some(l)) = (
-        temp("memory_junction"),
-        limit("memory_junction", "max_operating"),
-    ) && t >= l
+    } else if let (Some(t), Some(l)) = (temp("memory_junction"), limit("memory_junction", "max"))
+        && t >= l
     {
         out.push(f(
             Code::TemperatureOverSlowdown,
@@ -321,10 +315,10 @@ mod tests {
     #[test]
     fn agrees_with_dcgm_and_gpud() {
         use HealthState::{Degraded, Failed};
-        let ecc = |ty: &'static str, scope: &'static str, n: f64| {
+        let ecc = |ty: &'static str, n: f64| {
             Sample::new(Metric::EccErrors, n)
+                .with("hw.type", "gpu")
                 .with("error.type", ty)
-                .with("gpu.ecc.counter", scope)
         };
         let temp = |loc: &'static str, v: f64| {
             Sample::new(Metric::Temperature, v).with("hw.sensor_location", loc)
@@ -365,7 +359,7 @@ mod tests {
                 "volatile DBE",
                 "FAIL",
                 "-",
-                vec![ecc("uncorrected", "volatile", 1.0)],
+                vec![ecc("uncorrected", 1.0)],
                 Rates::default(),
                 vec![("ecc_uncorrectable", Failed, "reset_gpu")],
             ),
@@ -373,7 +367,7 @@ mod tests {
                 "corrected ECC only",
                 "PASS",
                 "Healthy (counted, no verdict)",
-                vec![ecc("corrected", "volatile", 5000.0)],
+                vec![ecc("corrected", 5000.0)],
                 Rates::default(),
                 vec![],
             ),
@@ -483,7 +477,7 @@ mod tests {
                 "die over slowdown",
                 "-",
                 "Degraded (GPU_MAX)",
-                vec![temp("gpu_die", 91.0), limit("gpu_die", "slowdown", 90.0)],
+                vec![temp("gpu_die", 91.0), limit("gpu_die", "throttled", 90.0)],
                 Rates::default(),
                 vec![("temperature_over_slowdown", Degraded, "none")],
             ),
@@ -493,7 +487,7 @@ mod tests {
                 "Degraded (MEM_MAX)",
                 vec![
                     temp("memory_junction", 96.0),
-                    limit("memory_junction", "max_operating", 95.0),
+                    limit("memory_junction", "max", 95.0),
                 ],
                 Rates::default(),
                 vec![("temperature_over_slowdown", Degraded, "none")],
@@ -504,7 +498,7 @@ mod tests {
                 "Healthy",
                 vec![
                     temp("memory_junction", 90.0),
-                    limit("memory_junction", "max_operating", 95.0),
+                    limit("memory_junction", "max", 95.0),
                 ],
                 Rates::default(),
                 vec![],

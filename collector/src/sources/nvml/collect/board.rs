@@ -13,7 +13,7 @@ use crate::sources::nvml::worker::{Ctx, Halt};
 pub(super) fn utilization(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     if let Some(u) = ctx.call("utilization", |d| d.utilization_rates())? {
         out.push(Sample::new(Metric::Utilization, pct(u.gpu)).with("hw.gpu.task", "general"));
-        out.push(Sample::new(Metric::MemoryUtilization, pct(u.memory)));
+        out.push(Sample::new(Metric::MemoryActivity, pct(u.memory)));
     }
     if let Some(u) = ctx.call("encoder_utilization", |d| d.encoder_utilization())? {
         out.push(
@@ -29,11 +29,17 @@ pub(super) fn utilization(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<()
 }
 
 pub(super) fn memory(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
+    // The fraction in use, as OpenTelemetry's hw.gpu.memory.utilization means it (none for a
+    // total of 0).
+    let used_fraction = |used: u64, total: u64| {
+        (total > 0).then(|| Sample::new(Metric::MemoryUtilization, used as f64 / total as f64))
+    };
     if let Some(m) = ctx.call("memory_info_v2", |d| d.memory_info())? {
         out.push(Sample::new(Metric::MemoryUsage, m.used as f64));
         out.push(Sample::new(Metric::MemoryLimit, m.total as f64));
         out.push(Sample::new(Metric::MemoryFree, m.free as f64));
         out.push(Sample::new(Metric::MemoryReserved, m.reserved as f64));
+        out.extend(used_fraction(m.used, m.total));
     } else if ctx.is_disabled("memory_info_v2") {
         // Old drivers: the v1 struct, which has no reserved field and counts it as used.
         let nvml = ctx.nvml;
@@ -41,6 +47,7 @@ pub(super) fn memory(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
             out.push(Sample::new(Metric::MemoryUsage, m.used as f64));
             out.push(Sample::new(Metric::MemoryLimit, m.total as f64));
             out.push(Sample::new(Metric::MemoryFree, m.free as f64));
+            out.extend(used_fraction(m.used, m.total));
         }
     }
     if let Some(b) = ctx.call("bar1_memory", |d| d.bar1_memory_info())? {
@@ -86,31 +93,33 @@ pub(super) fn power(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt
     Ok(())
 }
 
-/// (field, legacy threshold, location, limit type)
+/// (field, legacy threshold, location, limit type: OpenTelemetry's `hw.limit_type`, which
+/// "MUST" be used where one applies — NVML's slowdown is `throttled`, its shutdown
+/// `high.critical`, its maximum operating temperatures `max`)
 const THRESHOLDS: [(u32, TemperatureThreshold, &str, &str); 4] = [
     (
         FI_TLIMIT_SLOWDOWN,
         TemperatureThreshold::Slowdown,
         "gpu_die",
-        "slowdown",
+        "throttled",
     ),
     (
         FI_TLIMIT_SHUTDOWN,
         TemperatureThreshold::Shutdown,
         "gpu_die",
-        "shutdown",
+        "high.critical",
     ),
     (
         FI_TLIMIT_GPU_MAX,
         TemperatureThreshold::GpuMax,
         "gpu_die",
-        "max_operating",
+        "max",
     ),
     (
         FI_TLIMIT_MEM_MAX,
         TemperatureThreshold::MemoryMax,
         "memory_junction",
-        "max_operating",
+        "max",
     ),
 ];
 

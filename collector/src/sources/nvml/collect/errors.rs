@@ -52,14 +52,16 @@ pub(super) fn errors(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
             "aggregate",
         ),
     ];
+    // `hw.errors` is the volatile count (since the driver loaded; it resets as a counter
+    // does); the lifetime count, which includes it, has a name of its own so that summing
+    // `hw.errors` counts each error once.
     for (feature, kind, counter, ty, scope) in ecc {
         if let Some(n) = ctx.call(feature, |d| d.total_ecc_errors(kind, counter))? {
-            out.push(
-                Sample::new(Metric::EccErrors, n as f64)
-                    .with("hw.type", "gpu")
-                    .with("error.type", ty)
-                    .with("gpu.ecc.counter", scope),
-            );
+            let s = match scope {
+                "volatile" => Sample::new(Metric::EccErrors, n as f64).with("hw.type", "gpu"),
+                _ => Sample::new(Metric::EccErrorsLifetime, n as f64),
+            };
+            out.push(s.with("error.type", ty));
         }
     }
     for (feature, cause, name) in [
