@@ -21,22 +21,16 @@ struct Desc {
 }
 
 fn registry() -> BTreeMap<String, Desc> {
-    let text = std::fs::read_to_string(support::root().join("METRICS.md")).expect("METRICS.md");
-    text.lines()
-        .filter(|l| l.starts_with("| `"))
-        .map(|l| {
-            let cols: Vec<&str> = l
-                .split(" | ")
-                .map(|c| c.trim_matches(|c| c == '|' || c == ' '))
-                .collect();
-            let un = |c: &str| c.trim_matches('`').to_string();
+    support::registry_rows()
+        .into_iter()
+        .map(|r| {
             (
-                un(cols[0]),
+                r.name,
                 Desc {
-                    prometheus: un(cols[1]),
-                    unit: un(cols[2]),
-                    kind: cols[3].to_string(),
-                    attrs: cols[4].split(", ").map(un).collect(),
+                    prometheus: r.prometheus,
+                    unit: r.unit,
+                    kind: r.kind,
+                    attrs: r.attrs.into_iter().collect(),
                 },
             )
         })

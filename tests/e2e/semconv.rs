@@ -157,31 +157,6 @@ fn spec() -> Spec {
     }
 }
 
-/// A registry row from METRICS.md: name, Prometheus name, unit, kind, attributes.
-fn registry() -> Vec<(String, String, String, String, Vec<String>)> {
-    let text = std::fs::read_to_string(support::root().join("METRICS.md")).expect("METRICS.md");
-    text.split("\n## ")
-        .next()
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("| `"))
-        .map(|l| {
-            let cols: Vec<&str> = l
-                .split(" | ")
-                .map(|c| c.trim_matches(|c| c == '|' || c == ' '))
-                .collect();
-            let un = |c: &str| c.trim_matches('`').to_string();
-            (
-                un(cols[0]),
-                un(cols[1]),
-                un(cols[2]),
-                cols[3].to_string(),
-                cols[4].split(", ").map(un).collect(),
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn every_spec_name_has_the_spec_instrument_unit_and_attributes() {
     let spec = spec();
@@ -191,7 +166,14 @@ fn every_spec_name_has_the_spec_instrument_unit_and_attributes() {
     );
     let mut checked = 0;
     let mut wrong = Vec::new();
-    for (name, _, unit, kind, attrs) in registry() {
+    for support::RegistryRow {
+        name,
+        unit,
+        kind,
+        attrs,
+        ..
+    } in support::registry_rows()
+    {
         let Some(m) = spec.metrics.get(&name) else {
             // Not a spec name: it must not sit in the spec's namespace as if it were.
             if name.starts_with("hw.") {
@@ -234,7 +216,7 @@ fn every_spec_name_has_the_spec_instrument_unit_and_attributes() {
 #[test]
 fn every_enumerated_value_on_the_simulated_node_is_the_specs() {
     let spec = spec();
-    let reg = registry();
+    let reg = support::registry_rows();
     let mut agent = Agent::start("h100-training.toml", "current");
     let body = agent.wait_for(Duration::from_secs(30), |m| {
         m.contains("hw_temperature_limit_celsius") && m.contains("hw_status{")
@@ -242,7 +224,7 @@ fn every_enumerated_value_on_the_simulated_node_is_the_specs() {
     // Prometheus name → the registry name; label → attribute.
     let by_prom: BTreeMap<&str, (&str, &Vec<String>)> = reg
         .iter()
-        .map(|(n, p, _, _, a)| (p.as_str(), (n.as_str(), a)))
+        .map(|r| (r.prometheus.as_str(), (r.name.as_str(), &r.attrs)))
         .collect();
     let mut wrong = BTreeSet::new();
     let mut seen = 0;

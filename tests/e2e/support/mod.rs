@@ -307,3 +307,38 @@ pub fn uuids(series: &[Series]) -> Vec<String> {
 pub fn output(cmd: &mut Command) -> Output {
     cmd.output().expect("run command")
 }
+
+/// A row of METRICS.md's registry table (generated from the registry; a drift test keeps it
+/// so): name, Prometheus name, unit, kind, attributes.
+pub struct RegistryRow {
+    pub name: String,
+    pub prometheus: String,
+    pub unit: String,
+    pub kind: String,
+    pub attrs: Vec<String>,
+}
+
+/// Every row of METRICS.md's registry table (the first table, before the descriptions).
+pub fn registry_rows() -> Vec<RegistryRow> {
+    let text = std::fs::read_to_string(root().join("METRICS.md")).expect("METRICS.md");
+    text.split("\n## ")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cols: Vec<&str> = l
+                .split(" | ")
+                .map(|c| c.trim_matches(|c| c == '|' || c == ' '))
+                .collect();
+            let un = |c: &str| c.trim_matches('`').to_string();
+            RegistryRow {
+                name: un(cols[0]),
+                prometheus: un(cols[1]),
+                unit: un(cols[2]),
+                kind: cols[3].to_string(),
+                attrs: cols[4].split(", ").map(un).collect(),
+            }
+        })
+        .collect()
+}

@@ -5,13 +5,12 @@
 //! per scrape.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::{Measurement, measure};
-use crate::{root, sim_config};
+use super::{Measurement, measure, spawn_junction};
+use crate::sim_config;
 
 /// One node's three runs.
 pub struct Node {
@@ -40,18 +39,7 @@ pub fn run(bin: &Path, lib: &Path, window: Duration, dir: &Path) -> Result<Vec<N
             ));
             let config = dir.join(format!("bench-dcgm-{native}.toml"));
             std::fs::write(&config, text)?;
-            let child = Command::new(bin)
-                .env(
-                    "JUNCTION_NVML_SIM_SCENARIO",
-                    root().join("tests/scenarios").join(scenario),
-                )
-                .arg("--config")
-                .arg(&config)
-                .arg("run")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting junction")?;
+            let child = spawn_junction(bin, scenario, &config)?;
             let label = format!("junction, {gpus} GPUs, dcgm listener on, {what}");
             // The page measured is the one scraped; the baseline counts /metrics' series.
             let (scrape_port, scraped) = match i {

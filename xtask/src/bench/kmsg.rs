@@ -5,13 +5,13 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
 use super::scrape;
-use crate::{root, sim_config};
+use crate::sim_config;
 
 /// Median and 95th percentile (ms) of the `/dev/kmsg` latency, and the number of samples.
 type Latency = Option<(f64, f64, usize)>;
@@ -118,18 +118,7 @@ pub fn run(bin: &Path, lib: &Path, smoke: bool, dir: &Path) -> Result<Figures> {
     ));
     let config = dir.join("kmsg-bench.toml");
     std::fs::write(&config, cfg)?;
-    let mut child = Command::new(bin)
-        .env(
-            "JUNCTION_NVML_SIM_SCENARIO",
-            root().join("tests/scenarios/h100-training.toml"),
-        )
-        .arg("--config")
-        .arg(&config)
-        .arg("run")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting junction")?;
+    let mut child = super::spawn_junction(bin, "h100-training.toml", &config)?;
     let result = (|| -> Result<(f64, Latency)> {
         let ready = Instant::now();
         while !scrape(port).is_ok_and(|b| b.contains("junction_kmsg_records_total")) {

@@ -160,18 +160,7 @@ pub fn run(smoke: bool) -> Result<()> {
             None => None,
         };
         std::fs::write(&config, text)?;
-        let child = Command::new(&bin)
-            .env(
-                "JUNCTION_NVML_SIM_SCENARIO",
-                root().join("tests/scenarios").join(scenario),
-            )
-            .arg("--config")
-            .arg(&config)
-            .arg("run")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting junction")?;
+        let child = spawn_junction(&bin, scenario, &config)?;
         let mut m = measure(label, child, port, window, scraped)?;
         m.gpus = gpus;
         if let Some(sink) = sink {
@@ -341,6 +330,27 @@ fn replace_section(heading: &str, section: &str) -> Result<()> {
     };
     std::fs::write(&path, out)?;
     Ok(())
+}
+
+/// `junction run` with `config` on the simulated node of `tests/scenarios/<scenario>`, its
+/// output discarded.
+fn spawn_junction(
+    bin: &std::path::Path,
+    scenario: &str,
+    config: &std::path::Path,
+) -> Result<Child> {
+    Command::new(bin)
+        .env(
+            "JUNCTION_NVML_SIM_SCENARIO",
+            root().join("tests/scenarios").join(scenario),
+        )
+        .arg("--config")
+        .arg(config)
+        .arg("run")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting junction")
 }
 
 /// Waits for `/metrics`, then scrapes it once a second (or not, with `scraped` false) for
