@@ -174,13 +174,19 @@ fn same_metrics_as_scrape(protocol: &str) {
         at("gpu_clock_frequency_hertz", &[("gpu_clock_domain", "sm")]),
         1980e6
     );
-    // Resource.
-    let res = rx.with(|r| {
-        r.metrics.last().expect("metrics").resource_metrics[0]
-            .resource
-            .clone()
-            .expect("resource")
+    // Resource, and the conventions' version on it and on the scope.
+    let (res, schemas) = rx.with(|r| {
+        let rm = &r.metrics.last().expect("metrics").resource_metrics[0];
+        (
+            rm.resource.clone().expect("resource"),
+            (
+                rm.schema_url.clone(),
+                rm.scope_metrics[0].schema_url.clone(),
+            ),
+        )
     });
+    let url = "https://opentelemetry.io/schemas/1.44.0";
+    assert_eq!(schemas, (url.to_string(), url.to_string()));
     assert_eq!(attr(&res.attributes, "service.name"), Some("junction"));
     assert_eq!(
         attr(&res.attributes, "service.version"),

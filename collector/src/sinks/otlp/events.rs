@@ -84,6 +84,7 @@ fn run(
     let logger = provider.logger("junction");
     let scope = InstrumentationScope::builder("junction")
         .with_version(env!("CARGO_PKG_VERSION"))
+        .with_schema_url(super::resource::SCHEMA_URL)
         .build();
     let mut cursor = 0u64;
     let mut backoff: Option<(Instant, Duration)> = None;

@@ -168,6 +168,7 @@ pub fn start(
         .build();
     let scope = InstrumentationScope::builder("junction")
         .with_version(env!("CARGO_PKG_VERSION"))
+        .with_schema_url(super::resource::SCHEMA_URL)
         .build();
     let meter = provider.meter_with_scope(scope);
     register(

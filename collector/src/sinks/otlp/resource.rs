@@ -9,6 +9,11 @@ use opentelemetry_sdk::Resource;
 
 use super::settings::Settings;
 
+/// The semantic conventions Junction's names follow (`hw.*` from `model/hardware/` of this
+/// version), on the resource and on each scope, so that a backend can translate names when
+/// the conventions move.
+pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.44.0";
+
 /// The environment variable a Kubernetes DaemonSet sets from `spec.nodeName`.
 pub const NODE_NAME_ENV: &str = "K8S_NODE_NAME";
 
@@ -37,7 +42,9 @@ pub fn build(s: &Settings) -> Resource {
         attrs.retain(|a| a.key.as_str() != k.as_str());
         attrs.push(KeyValue::new(k.clone(), v.clone()));
     }
-    Resource::builder_empty().with_attributes(attrs).build()
+    Resource::builder_empty()
+        .with_schema_url(attrs, SCHEMA_URL)
+        .build()
 }
 
 fn read_trimmed(p: &Path) -> Option<String> {
