@@ -840,6 +840,33 @@ fn prometheus_scrapes_and_queries() {
     );
 }
 
+/// A PCIe card's fans: each a component of its own (`hw.id` `<GPU UUID>/fan<N>`, `hw.type`
+/// fan, on its GPU), at the scenario's speed.
+#[test]
+fn a_cards_fans_are_components_on_their_gpu() {
+    let mut agent = Agent::start("l40s-pcie.toml", "current");
+    let body = agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("hw_fan_speed_ratio")
+    });
+    let s = parse(&body);
+    let gpu = support::uuids(&s)[0].clone();
+    let fans: Vec<_> = s
+        .iter()
+        .filter(|x| x.name == "hw_fan_speed_ratio")
+        .collect();
+    assert_eq!(fans.len(), 2, "{fans:?}");
+    for (n, f) in fans.iter().enumerate() {
+        assert_eq!(f.labels["hw_id"], format!("{gpu}/fan{n}"));
+        assert_eq!(f.labels["hw_parent"], gpu);
+        assert_eq!(f.labels["hw_type"], "fan");
+        assert_eq!(f.labels["hw_name"], format!("fan{n}"));
+        assert_eq!(f.labels["hw_sensor_location"], format!("gpu_fan{n}"));
+        close(Some(f.value), 0.41, "fan speed");
+    }
+    assert!(!body.contains("hw_fan_index"));
+    assert!(agent.terminate().success());
+}
+
 /// GPM per MIG instance on a Hopper GPU: each instance's own activity, under its MIG UUID.
 #[test]
 fn gpm_per_mig_instance() {

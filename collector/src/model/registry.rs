@@ -155,9 +155,9 @@ registry! {
     Temperature = "hw.temperature", "Cel", Gauge, ["hw.sensor_location", "hw.type", "hw.name", "hw.parent", "junction.target"], Temperature,
         "nvmlDeviceGetTemperatureV (gpu_die; nvmlDeviceGetTemperature on older drivers), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction); Redfish Sensor (Temperature), ThermalMetrics, legacy Thermal; IPMI temperature sensors", "GPU die and memory-junction (HBM) temperature from NVML; temperatures a BMC reports (with junction.target; a BMC sensor about a GPU carries the GPU's hw.id).";
     TemperatureLimit = "hw.temperature.limit", "Cel", Gauge, ["hw.sensor_location", "hw.limit_type"], Temperature,
-        "nvmlDeviceGetFieldValues(NVML_FI_DEV_TEMPERATURE_*_TLIMIT) (nvmlDeviceGetTemperatureThreshold on older drivers)", "Temperature thresholds: slowdown, shutdown, max operating (die and memory).";
-    FanSpeed = "hw.fan.speed_ratio", "1", Gauge, ["hw.fan.index"], Temperature,
-        "nvmlDeviceGetNumFans, nvmlDeviceGetFanSpeed_v2", "Fan speed as a fraction of its maximum.";
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_TEMPERATURE_*_TLIMIT) (nvmlDeviceGetTemperatureThreshold on older drivers)", "Temperature thresholds, as OpenTelemetry's hw.limit_type names them: throttled (NVML's slowdown), high.critical (shutdown), max (maximum operating, die and memory).";
+    FanSpeed = "hw.fan.speed_ratio", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Temperature,
+        "nvmlDeviceGetNumFans, nvmlDeviceGetFanSpeed_v2", "Fan speed as a fraction of its maximum. A GPU's fan is a component of its own: hw.id <GPU UUID>/fan<N>, hw.parent the GPU.";
     ClockFrequency = "gpu.clock.frequency", "Hz", Gauge, ["gpu.clock.domain"], Clocks,
         "nvmlDeviceGetClockInfo (MHz)", "Current clock: graphics, sm, memory, video.";
     ClockMaxFrequency = "gpu.clock.max_frequency", "Hz", Gauge, ["gpu.clock.domain"], Clocks,

@@ -5,7 +5,7 @@ use nvml_wrapper::enum_wrappers::device::{TemperatureSensor, TemperatureThreshol
 use super::raw::{self, Decode, FieldRequest};
 use super::{
     FI_MEMORY_TEMP, FI_TLIMIT_GPU_MAX, FI_TLIMIT_MEM_MAX, FI_TLIMIT_SHUTDOWN, FI_TLIMIT_SLOWDOWN,
-    PLAUSIBLE_CELSIUS, field, fields, index_name, pct,
+    PLAUSIBLE_CELSIUS, field, fields, pct,
 };
 use crate::model::{Feature, Metric, Sample};
 use crate::sources::nvml::worker::{Ctx, Halt};
@@ -178,10 +178,19 @@ pub(super) fn temperature(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<()
             );
         }
     }
+    // Each fan is a component of its own (OpenTelemetry's hw.id is the fan's), on its GPU.
     let fans = ctx.call("fan_count", |d| d.num_fans())?.unwrap_or(0);
+    let gpu = crate::model::lock(&ctx.slot).info.uuid.clone();
     for fan in 0..fans.min(super::MAX_NVLINKS) {
         if let Some(p) = ctx.call(Feature::at("fan_speed", fan), |d| d.fan_speed(fan))? {
-            out.push(Sample::new(Metric::FanSpeed, pct(p)).with("hw.fan.index", index_name(fan)));
+            out.push(
+                Sample::new(Metric::FanSpeed, pct(p))
+                    .with("hw.id", format!("{gpu}/fan{fan}"))
+                    .with("hw.type", "fan")
+                    .with("hw.parent", gpu.clone())
+                    .with("hw.name", format!("fan{fan}"))
+                    .with("hw.sensor_location", format!("gpu_fan{fan}")),
+            );
         }
     }
     Ok(())
