@@ -160,6 +160,18 @@ fn a_gb200_tray_reports_its_fabric_and_modes_and_each_fault_raises_then_clears()
     )
     .expect("the effective BER of link 17");
     assert!((ber - 5e-12).abs() < 1e-15, "{ber}");
+    // FEC history per GPU: each bin summed over its 18 links; bins the driver does not give
+    // are absent.
+    let fec = |bin: &str| {
+        value(
+            &s,
+            "gpu_nvlink_fec_history_total",
+            &[("hw_id", &uuids[0]), ("gpu_nvlink_fec_bin", bin)],
+        )
+    };
+    assert_eq!(fec("2"), Some(7.0 * 18.0), "bin 2: 7 on each of 18 links");
+    assert!(fec("0").is_some_and(|n| n > 0.0), "bin 0 counts");
+    assert_eq!(fec("3"), None, "no bin 3 from this driver");
     assert_eq!(
         value(
             &s,
@@ -317,6 +329,10 @@ fn gpus_without_a_fabric_report_no_fabric_series_and_log_nothing_new_and_a_gh200
             !page.contains("gpu_fabric_"),
             "{scenario}: no fabric series"
         );
+        assert!(
+            !page.contains("gpu_nvlink_fec_history"),
+            "{scenario}: no FEC history"
+        );
         // The C2C link to the Grace CPU where there is one, and only there.
         let c2c = value(
             &parse(&page),
@@ -331,7 +347,14 @@ fn gpus_without_a_fabric_report_no_fabric_series_and_log_nothing_new_and_a_gh200
         assert!(agent.terminate().success());
         let log = std::fs::read_to_string(&agent.stderr).unwrap_or_default();
         assert!(log.contains("NVML"), "{scenario}: the log was read:\n{log}");
-        for word in ["fabric", "gsp", "persistence", "compute_mode", "ecc_mode"] {
+        for word in [
+            "fabric",
+            "gsp",
+            "persistence",
+            "compute_mode",
+            "ecc_mode",
+            "fec",
+        ] {
             assert!(
                 !log.to_lowercase().contains(word),
                 "{scenario}: the start-up log names {word}:\n{log}"

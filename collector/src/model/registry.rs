@@ -206,6 +206,8 @@ registry! {
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_C2C_LINK_ERROR_INTR / _REPLAY / _REPLAY_B2B)", "C2C link errors: interrupt, replay, replay_b2b.";
     NvlinkBer = "gpu.nvlink.ber", "1", Gauge, ["gpu.nvlink.link", "gpu.nvlink.ber.type"], Nvlink,
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER / _SYMBOL_BER), mantissa × 10^-exponent", "NVLink5 bit-error rate per link: effective (after FEC; DCGM fails a link above 1e-12) and symbol (before FEC).";
+    NvlinkFecHistory = "gpu.nvlink.fec.history", "{error}", Counter, ["gpu.nvlink.fec.bin"], Nvlink,
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_0 … _15), summed over the GPU's links", "NVLink5 FEC history: the driver's count of corrected symbol errors in each of its 16 bins (0–15), added up over the GPU's links (per link it would be 288 series a GPU; the per-link BERs say which link).";
     NvlinkRecovery = "gpu.nvlink.link_recovery", "{event}", Counter, ["gpu.nvlink.link", "gpu.nvlink.recovery.outcome"], Nvlink,
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*) per link", "NVLink link-recovery events: successful, failed, all (Blackwell and newer).";
     ProcessCount = "gpu.processes", "{process}", UpDownCounter, ["gpu.process.type"], Processes,

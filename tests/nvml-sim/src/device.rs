@@ -679,6 +679,10 @@ const FI_NVLINK_EFFECTIVE_BER: u32 = 220;
 const FI_NVLINK_SYMBOL_ERRORS: u32 = 221;
 const FI_NVLINK_SYMBOL_BER: u32 = 222;
 const FI_RECOVERY_ACTION: u32 = 230;
+/// `NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_0` … `_15` (per link; NVLink5): FEC's corrected
+/// symbol errors by bin.
+const FI_NVLINK_FEC_HISTORY_0: u32 = 235;
+const FI_NVLINK_FEC_HISTORY_15: u32 = 250;
 /// The clock-event-reason time counters in CUDA 12 / 13.0 numbering (`_SW_THERM_SLOWDOWN`,
 /// `_HW_THERM_SLOWDOWN`, `_HW_POWER_BRAKE_SLOWDOWN`). Drivers from 580.82 (CUDA 13.0
 /// Update 1) renumbered 251–273: these three became 269–271 and 251–268 became the power
@@ -803,6 +807,13 @@ export!(
                 FI_NVLINK_SYMBOL_BER if nvlink && newer => {
                     (VALUE_ULL, g.value("nvlink_symbol_ber", now).map(encode_ber))
                 }
+                id @ FI_NVLINK_FEC_HISTORY_0..=FI_NVLINK_FEC_HISTORY_15 if nvlink && newer => (
+                    VALUE_ULL,
+                    g.value(
+                        &format!("nvlink_fec_history_{}", id - FI_NVLINK_FEC_HISTORY_0),
+                        now,
+                    ),
+                ),
                 _ => (VALUE_UINT, None),
             };
             f.valueType = kind;

@@ -27,6 +27,7 @@
 //! | `nvlink_recovery_{successful,failed,events}` (fields 213–215, per link) | NVLink link recovery (Blackwell) | count |
 //! | `c2c_link_count` (field 170), per link `c2c_link_status`, `c2c_max_bw_mbps`, `c2c_errors_{intr,replay,replay_b2b}` (171, 172, 231–233) | C2C links of Grace superchips | count, MB/s |
 //! | `nvlink_{effective,symbol}_errors`, `nvlink_{effective,symbol}_ber` (fields 219–222, per link; the BER as a number, encoded as the driver does) | NVLink5 error counters | count, ratio |
+//! | `nvlink_fec_history_0` … `_15` (fields 235–250, per link; a bin without a value answers NOT_SUPPORTED) | NVLink5 FEC history bins | count |
 //! | `nvlink_errors_unsupported_from` | error counters NOT_SUPPORTED on links from this index on | index |
 //! | `recovery_action` (field 230) | GPU recovery action | enum |
 //! | `persistence_mode`, `compute_mode` (both answer without them: on, DEFAULT), `ecc_pending` (else `ecc_mode`) | modes | 0/1, enum |

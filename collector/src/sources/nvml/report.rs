@@ -32,7 +32,12 @@ fn expected(feature: &str) -> Option<&'static str> {
 pub fn quiet(feature: &str) -> bool {
     matches!(
         feature,
-        "fabric_info" | "gsp_firmware" | "gsp_firmware_version" | "nvlink5_counters" | "c2c"
+        "fabric_info"
+            | "gsp_firmware"
+            | "gsp_firmware_version"
+            | "nvlink5_counters"
+            | "nvlink_fec_history"
+            | "c2c"
     )
 }
 

@@ -45,6 +45,10 @@ pub(super) const FI_NVLINK_EFFECTIVE_ERRORS: u32 = 219;
 pub(super) const FI_NVLINK_EFFECTIVE_BER: u32 = 220;
 pub(super) const FI_NVLINK_SYMBOL_ERRORS: u32 = 221;
 pub(super) const FI_NVLINK_SYMBOL_BER: u32 = 222;
+/// `NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_0` … `_15` (per link; NVLink5): "count of symbol
+/// errors that are corrected", by bin (nvml.h, R570 notes).
+pub(super) const FI_NVLINK_FEC_HISTORY_0: u32 = 235;
+pub(super) const FEC_BINS: u32 = 16;
 /// `NVML_FI_DEV_C2C_LINK_COUNT`, `_GET_STATUS`, `_GET_MAX_BW` (MB/s), and the C2C error
 /// counters `NVML_FI_DEV_C2C_LINK_ERROR_{INTR,REPLAY,REPLAY_B2B}` (per link: Grace superchips).
 pub(super) const FI_C2C_LINK_COUNT: u32 = 170;

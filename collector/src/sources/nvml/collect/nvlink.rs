@@ -5,11 +5,11 @@
 
 use super::raw::{self, Decode, FieldRequest};
 use super::{
-    FI_C2C_ERROR_INTR, FI_C2C_ERROR_REPLAY, FI_C2C_ERROR_REPLAY_B2B, FI_C2C_LINK_COUNT,
+    FEC_BINS, FI_C2C_ERROR_INTR, FI_C2C_ERROR_REPLAY, FI_C2C_ERROR_REPLAY_B2B, FI_C2C_LINK_COUNT,
     FI_C2C_LINK_MAX_BW, FI_C2C_LINK_STATUS, FI_NVLINK_EFFECTIVE_BER, FI_NVLINK_EFFECTIVE_ERRORS,
-    FI_NVLINK_LINK_COUNT, FI_NVLINK_RECOVERY_EVENTS, FI_NVLINK_RECOVERY_FAILED,
-    FI_NVLINK_RECOVERY_SUCCESSFUL, FI_NVLINK_RX, FI_NVLINK_SYMBOL_BER, FI_NVLINK_SYMBOL_ERRORS,
-    FI_NVLINK_TX, MAX_NVLINKS, field, index_name,
+    FI_NVLINK_FEC_HISTORY_0, FI_NVLINK_LINK_COUNT, FI_NVLINK_RECOVERY_EVENTS,
+    FI_NVLINK_RECOVERY_FAILED, FI_NVLINK_RECOVERY_SUCCESSFUL, FI_NVLINK_RX, FI_NVLINK_SYMBOL_BER,
+    FI_NVLINK_SYMBOL_ERRORS, FI_NVLINK_TX, MAX_NVLINKS, field, index_name,
 };
 use crate::model::{Feature, Metric, Sample};
 use crate::sources::nvml::worker::{Ctx, Halt};
@@ -93,6 +93,38 @@ fn nvlink5(ctx: &mut Ctx<'_>, link: u32, out: &mut Vec<Sample>) -> Result<(), Ha
     Ok(())
 }
 
+/// One link's FEC history bins, added into `bins` (a bin the driver does not give stays as it
+/// was). Per GPU, not per link: 16 bins on each of 18 links would be 288 series a GPU.
+fn fec_history(ctx: &mut Ctx<'_>, link: u32, bins: &mut [Option<f64>]) -> Result<(), Halt> {
+    let nvml = ctx.nvml;
+    let requests: Vec<FieldRequest> = (0..FEC_BINS)
+        .map(|b| FieldRequest {
+            id: FI_NVLINK_FEC_HISTORY_0 + b,
+            scope: link,
+            decode: Decode::Typed,
+        })
+        .collect();
+    let feature = Feature::at("nvlink_fec_history", link);
+    let Some(v) = ctx.call(feature, |d| raw::field_values(nvml, d, &requests))? else {
+        return Ok(());
+    };
+    let mut any = false;
+    let mut unsupported = None;
+    for (r, bin) in v.into_iter().zip(bins.iter_mut()) {
+        match r {
+            Ok(x) => {
+                any = true;
+                *bin = Some(bin.unwrap_or(0.0) + x.max(0.0));
+            }
+            Err(e) => unsupported = Some(e),
+        }
+    }
+    if let Some(e) = unsupported.filter(|_| !any) {
+        ctx.failed(feature, e)?;
+    }
+    Ok(())
+}
+
 /// The C2C links of a Grace superchip (GH200, GB200): state, the most bandwidth, errors.
 /// Other GPUs answer NOT_SUPPORTED for the link count, and nothing is read.
 fn c2c(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
@@ -148,6 +180,7 @@ pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
     };
     let links = (links as u32).min(MAX_NVLINKS);
     let nvml = ctx.nvml;
+    let mut fec = [None; FEC_BINS as usize];
     for link in 0..links {
         let name = index_name(link);
         if let Some(up) = ctx.call(Feature::at("nvlink_state", link), |d| {
@@ -196,6 +229,7 @@ pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
             }
         }
         nvlink5(ctx, link, out)?;
+        fec_history(ctx, link, &mut fec)?;
         let requests: Vec<FieldRequest> = RECOVERY
             .iter()
             .map(|(id, _)| FieldRequest {
@@ -225,6 +259,14 @@ pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
             }) {
                 ctx.failed(feature, e)?;
             }
+        }
+    }
+    for (bin, n) in fec.iter().enumerate() {
+        if let Some(n) = n {
+            out.push(
+                Sample::new(Metric::NvlinkFecHistory, *n)
+                    .with("gpu.nvlink.fec.bin", index_name(bin as u32)),
+            );
         }
     }
     Ok(())
