@@ -10,7 +10,7 @@ use super::{AttrValue, HealthState, Metric, Sample};
 pub struct Component {
     /// `hw.id`: `{target}:{path}`, or the GPU UUID for a GPU the BMC identifies.
     pub id: String,
-    /// `hw.type` (chassis, cooling_unit, cooling_loop, coolant_connector, pump, filter,
+    /// `hw.type` (enclosure for a chassis, as the conventions name it; cooling_unit, cooling_loop, coolant_connector, pump, filter,
     /// reservoir, leak_detector, fan, gpu, bmc).
     pub hw_type: String,
     /// Its name.

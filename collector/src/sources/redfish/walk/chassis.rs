@@ -44,7 +44,7 @@ impl Walker {
         };
         let component = Component {
             id: chassis.id.clone(),
-            hw_type: if chassis.gpu { "gpu" } else { "chassis" }.into(),
+            hw_type: if chassis.gpu { "gpu" } else { "enclosure" }.into(),
             name: text(doc, "Name").unwrap_or(url).to_string(),
             parent: contained.or_else(|| Some(self.target.clone())),
             model: text(doc, "Model").map(str::to_string),
@@ -161,7 +161,7 @@ impl Walker {
         {
             let owner = Owner {
                 id,
-                hw_type: if chassis.gpu { "gpu" } else { "chassis" },
+                hw_type: if chassis.gpu { "gpu" } else { "enclosure" },
                 name: text(&doc, "Name").unwrap_or(&url),
                 parent: None,
             };

@@ -112,7 +112,7 @@ fn excerpts_name_the_sensor_they_mirror() {
         "EnergykWh": {"Reading": 2}});
     let owner = map::Owner {
         id: "bmc1:/Chassis/1",
-        hw_type: "chassis",
+        hw_type: "enclosure",
         name: "Board",
         parent: None,
     };
