@@ -144,6 +144,8 @@ pub enum Parsed<'a> {
 }
 
 static SXID: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(": SXid ("));
+static OFF_THE_BUS: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new("fallen off the bus and is not responding"));
 
 const PCI: &str = r"([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})";
 
@@ -222,20 +224,27 @@ impl Parser {
     }
 
     fn nvrm<'a>(&mut self, line: &'a str) -> Parsed<'a> {
-        if let Some(c) = XID_RE.captures(line) {
+        // Each pattern only where its fixed start is: most NVRM lines are none of these.
+        if line.starts_with("NVRM: Xid (")
+            && let Some(c) = XID_RE.captures(line)
+        {
             return xid(&c).map_or(Parsed::Other, Parsed::Xid);
         }
-        if let Some(c) = UUID_RE.captures(line) {
-            let uuid = c.get(4).map_or("", |m| m.as_str());
-            return Pci::from_caps(&c, 1).map_or(Parsed::Other, |p| Parsed::GpuUuid(p, uuid));
-        }
-        if let Some(c) = BUS_RE.captures(line) {
-            return Pci::from_caps(&c, 1).map_or(Parsed::Other, Parsed::BusLine);
+        if line.starts_with("NVRM: GPU ") {
+            if let Some(c) = UUID_RE.captures(line) {
+                let uuid = c.get(4).map_or("", |m| m.as_str());
+                return Pci::from_caps(&c, 1).map_or(Parsed::Other, |p| Parsed::GpuUuid(p, uuid));
+            }
+            if let Some(c) = BUS_RE.captures(line) {
+                return Pci::from_caps(&c, 1).map_or(Parsed::Other, Parsed::BusLine);
+            }
         }
         // "NVRM: The NVIDIA GPU <pci>" / "(PCI ID: …) installed in this system has" /
         // "fallen off the bus and is not responding to commands.": one record with embedded
         // newlines, or three records in a row.
-        if let Some(c) = THE_GPU_RE.captures(line) {
+        if line.starts_with("NVRM: The NVIDIA GPU ")
+            && let Some(c) = THE_GPU_RE.captures(line)
+        {
             let Some(pci) = Pci::from_caps(&c, 1) else {
                 return Parsed::Other;
             };
@@ -245,7 +254,8 @@ impl Parser {
             self.pending_bus = Some((pci, 0));
             return Parsed::Other;
         }
-        if line.contains("fallen off the bus and is not responding")
+        if self.pending_bus.is_some()
+            && OFF_THE_BUS.find(line.as_bytes()).is_some()
             && let Some((pci, _)) = self.pending_bus.take()
         {
             return Parsed::BusLine(pci);

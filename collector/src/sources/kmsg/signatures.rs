@@ -16,7 +16,11 @@ use crate::model::signatures::CATALOG;
 const STARTS: &[&str] = &[
     "NVRM: ",
     "GSP task",
-    "nvidia",
+    // The modules' own messages (`nvidia_peermem: Unknown symbol …`, `nvidia: …`) and
+    // peermem's callback; not `nvidia-modeset:`'s routine lines.
+    "nvidia_",
+    "nvidia: ",
+    "nvidia-peermem ",
     "mlx5_core ",
     "Out of memory",
     "Memory cgroup out of memory",
@@ -66,6 +70,7 @@ struct Matcher {
 }
 
 static MATCHER: LazyLock<Matcher> = LazyLock::new(|| {
+    assert!(CATALOG.len() <= 128, "the candidate set is a u128");
     let mut lits = Vec::new();
     let mut owner = Vec::new();
     for (i, s) in CATALOG.iter().enumerate() {
@@ -119,27 +124,26 @@ pub fn find(line: &str) -> Option<SigMatch<'_>> {
     if !m.any.is_match(line) {
         return None;
     }
-    let mut candidates: Vec<usize> = Vec::new();
+    // The entries with a literal here, as a bit set: tried in catalog order, no allocation.
+    let mut candidates = 0u128;
     for hit in m.literals.find_overlapping_iter(line) {
-        let i = m.owner[hit.pattern().as_usize()];
-        if !candidates.contains(&i) {
-            candidates.push(i);
-        }
+        candidates |= 1 << m.owner[hit.pattern().as_usize()];
     }
-    candidates.sort_unstable();
-    candidates.into_iter().find_map(|i| {
-        let c = m.patterns[i].captures(line)?;
-        let g = |n: &str| c.name(n).map(|x| x.as_str());
-        Some(SigMatch {
-            sig: i,
-            pci: g("src").or(g("pci")),
-            reporter: g("src").and(g("pci")),
-            dev: g("dev").or(g("xdev")),
-            pid: g("pid").and_then(|p| p.parse().ok()),
-            comm: g("comm"),
-            rm: g("rm").and_then(|p| p.parse().ok()),
+    (0..CATALOG.len())
+        .filter(|i| candidates & (1 << i) != 0)
+        .find_map(|i| {
+            let c = m.patterns[i].captures(line)?;
+            let g = |n: &str| c.name(n).map(|x| x.as_str());
+            Some(SigMatch {
+                sig: i,
+                pci: g("src").or(g("pci")),
+                reporter: g("src").and(g("pci")),
+                dev: g("dev").or(g("xdev")),
+                pid: g("pid").and_then(|p| p.parse().ok()),
+                comm: g("comm"),
+                rm: g("rm").and_then(|p| p.parse().ok()),
+            })
         })
-    })
 }
 
 #[cfg(test)]
