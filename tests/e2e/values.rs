@@ -443,11 +443,12 @@ fn every_family_has_the_scenario_values() {
     }
 
     // Nothing disabled on a current H100 but page retirement (3 features), the Blackwell
-    // link-recovery fields and NVLink5 counters, one feature each per link (18 + 18), the
-    // fabric info (no fabric state: no NVSwitch in the scenario) and the C2C links (no Grace).
+    // link-recovery fields, NVLink5 counters and FEC history, one feature each per link
+    // (18 + 18 + 18), the fabric info (no fabric state: no NVSwitch in the scenario) and the
+    // C2C links (no Grace).
     close(
         on("junction_nvml_disabled_features", g0, &[]),
-        41.0,
+        59.0,
         "disabled features",
     );
     assert!(agent.terminate().success());
