@@ -89,15 +89,15 @@ fn sensor_metric(doc: &Value) -> (&'static str, f64) {
     match ty {
         "Temperature" => ("hw_temperature_celsius", 1.0),
         "Humidity" => ("cooling_humidity_ratio", 0.01),
-        "Power" => ("hw_power_watts", 1.0),
-        "EnergyJoules" => ("hw_energy_joules_total", 1.0),
-        "EnergyWh" => ("hw_energy_joules_total", 3600.0),
-        "EnergykWh" => ("hw_energy_joules_total", 3.6e6),
+        "Power" => (power_metric(ctx, false), 1.0),
+        "EnergyJoules" => (power_metric(ctx, true), 1.0),
+        "EnergyWh" => (power_metric(ctx, true), 3600.0),
+        "EnergykWh" => (power_metric(ctx, true), 3.6e6),
         "Voltage" => ("hw_voltage_volts", 1.0),
-        "LiquidFlowLPM" => ("cooling_flow_liters_per_minute", 1.0),
-        "LiquidFlow" => ("cooling_flow_liters_per_minute", 60.0),
-        "PressurekPa" => ("cooling_pressure_kilopascals", 1.0),
-        "PressurePa" | "Pressure" => ("cooling_pressure_kilopascals", 0.001),
+        "LiquidFlowLPM" => ("cooling_flow_L_per_min", 1.0),
+        "LiquidFlow" => ("cooling_flow_L_per_min", 60.0),
+        "PressurekPa" => ("cooling_pressure_kPa", 1.0),
+        "PressurePa" | "Pressure" => ("cooling_pressure_kPa", 0.001),
         "Heat" => ("cooling_heat_removed_watts", 1000.0),
         "Rotational" if ctx == "Pump" => ("cooling_pump_speed_rpm", 1.0),
         "Rotational" => ("hw_fan_speed_rpm", 1.0),
@@ -105,6 +105,23 @@ fn sensor_metric(doc: &Value) -> (&'static str, f64) {
         "Percent" if ctx == "Fan" => ("hw_fan_speed_ratio", 0.01),
         "Valve" => ("cooling_valve_position_ratio", 0.01),
         _ => ("bmc_sensor_reading", 1.0),
+    }
+}
+
+/// Where a power (energy) sensor's reading goes by its physical context, so that no sum over
+/// `hw_power_watts` counts anything twice: one component's own draw there, a GPU's (NVML
+/// reports it) and whatever sums others in `bmc_power_watts`. (A host chassis' total, in
+/// `hw_host_power_watts`, is checked apart.)
+fn power_metric(ctx: &str, energy: bool) -> &'static str {
+    let own = matches!(
+        ctx,
+        "CPU" | "Memory" | "PowerSupply" | "Fan" | "StorageDevice" | "NetworkingDevice" | "Battery"
+    );
+    match (own, energy) {
+        (true, false) => "hw_power_watts",
+        (true, true) => "hw_energy_joules_total",
+        (false, false) => "bmc_power_watts",
+        (false, true) => "bmc_energy_joules_total",
     }
 }
 
@@ -131,6 +148,29 @@ fn check_tree(target: &str, dir: &Path, series: &[Series]) -> usize {
                     if let Some(u) = m["@odata.id"].as_str() {
                         reachable.insert(u.trim_start_matches("/redfish/v1").to_string());
                     }
+                }
+            }
+        }
+    }
+    // The sensors a host chassis' totals name (a root chassis of a server's type, DSP0268
+    // ChassisType): the host's power and energy.
+    let mut host_sources = std::collections::HashSet::new();
+    for e in std::fs::read_dir(dir.join("Chassis")).into_iter().flatten().flatten() {
+        let read = |p: PathBuf| -> Value {
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_default())
+                .unwrap_or(Value::Null)
+        };
+        let c = read(e.path().join("index.json"));
+        let root = c["Links"]["ContainedBy"].is_null();
+        let server = matches!(
+            c["ChassisType"].as_str(),
+            Some("RackMount" | "Blade" | "Sled" | "StandAlone" | "Tower" | "Desktop")
+        );
+        if root && server {
+            let env = read(e.path().join("EnvironmentMetrics/index.json"));
+            for key in ["PowerWatts", "EnergyJoules", "EnergykWh"] {
+                if let Some(u) = env[key]["DataSourceUri"].as_str() {
+                    host_sources.insert(u.trim_start_matches("/redfish/v1").to_string());
                 }
             }
         }
@@ -172,14 +212,20 @@ fn check_tree(target: &str, dir: &Path, series: &[Series]) -> usize {
             };
             if ty.starts_with("#Sensor.") {
                 if let Some(r) = num(&doc["Reading"]) {
-                    let (metric, factor) = sensor_metric(&doc);
+                    let (mut metric, factor) = sensor_metric(&doc);
+                    if host_sources.contains(&rel) {
+                        metric = match metric {
+                            "bmc_power_watts" | "hw_power_watts" => "hw_host_power_watts",
+                            _ => "hw_host_energy_joules_total",
+                        };
+                    }
                     expect(metric, &[], r * factor);
                 }
             } else if ty.starts_with("#CoolantConnector.") {
                 for (key, metric, point, f) in [
                     (
                         "FlowLitersPerMinute",
-                        "cooling_flow_liters_per_minute",
+                        "cooling_flow_L_per_min",
                         None,
                         1.0,
                     ),
@@ -197,7 +243,7 @@ fn check_tree(target: &str, dir: &Path, series: &[Series]) -> usize {
                     ),
                     (
                         "SupplyPressurekPa",
-                        "cooling_pressure_kilopascals",
+                        "cooling_pressure_kPa",
                         Some("supply"),
                         1.0,
                     ),
@@ -318,17 +364,23 @@ fn dmtf_and_dgx_mockups_every_exported_value_equals_the_tree() {
             };
             let labels = [("junction_target", "dgx"), ("hw_name", name)];
             assert_eq!(value(&series, metric, &labels), Some(v), "{name}");
+            // Thresholds as the conventions name them (hw.limit_type).
+            let limit = if key == "Fans" {
+                "hw_fan_speed_limit_rpm"
+            } else {
+                "hw_temperature_limit_celsius"
+            };
             for (json_key, threshold) in [
-                ("LowerThresholdNonCritical", "lower_caution"),
-                ("UpperThresholdNonCritical", "upper_caution"),
-                ("UpperThresholdCritical", "upper_critical"),
-                ("UpperThresholdFatal", "upper_fatal"),
+                ("LowerThresholdNonCritical", "low.degraded"),
+                ("UpperThresholdNonCritical", "high.degraded"),
+                ("UpperThresholdCritical", "high.critical"),
+                ("UpperThresholdFatal", "high.fatal"),
             ] {
                 if let Some(want) = num(&t[json_key]) {
                     let mut l = labels.to_vec();
-                    l.push(("bmc_threshold", threshold));
+                    l.push(("hw_limit_type", threshold));
                     assert_eq!(
-                        value(&series, "bmc_sensor_threshold", &l),
+                        value(&series, limit, &l),
                         Some(want),
                         "{name} {threshold}"
                     );
@@ -545,6 +597,7 @@ fn project_tree(gpu_serial: &str) -> PathBuf {
         "Chassis/GPU0",
         json!({"@odata.id": format!("{r}/Chassis/GPU0"), "@odata.type": "#Chassis.v1_17_0.Chassis",
         "Name": "GPU_SXM_1", "ChassisType": "Module", "SerialNumber": gpu_serial,
+        "Status": {"State": "Enabled", "Health": "Warning"},
         "Sensors": {"@odata.id": format!("{r}/Chassis/GPU0/Sensors")}}),
     );
     write(
@@ -669,7 +722,7 @@ fn a_tree_with_every_quirk_and_a_gpu_the_bmc_shares_with_nvml() {
     );
     assert_eq!(
         v(
-            "cooling_flow_liters_per_minute",
+            "cooling_flow_L_per_min",
             &[("hw_id", &id("/Chassis/Rack1/Sensors/Flow"))]
         ),
         Some(41.5),
@@ -711,7 +764,7 @@ fn a_tree_with_every_quirk_and_a_gpu_the_bmc_shares_with_nvml() {
     );
     assert_eq!(
         v(
-            "cooling_pressure_kilopascals",
+            "cooling_pressure_kPa",
             &[("hw_id", &id("/Chassis/Rack1/Sensors/Pressure"))]
         ),
         Some(250.0),
@@ -749,7 +802,7 @@ fn a_tree_with_every_quirk_and_a_gpu_the_bmc_shares_with_nvml() {
     );
     let loop1 = id("/Chassis/Rack1/ThermalSubsystem/CoolantConnectors/Loop1");
     assert_eq!(
-        v("cooling_flow_liters_per_minute", &[("hw_id", &loop1)]),
+        v("cooling_flow_L_per_min", &[("hw_id", &loop1)]),
         Some(55.5)
     );
     assert_eq!(
@@ -768,7 +821,7 @@ fn a_tree_with_every_quirk_and_a_gpu_the_bmc_shares_with_nvml() {
     assert_eq!(v("cooling_pump_speed_ratio", &[("hw_id", &p1)]), Some(0.7));
     assert_eq!(
         v(
-            "cooling_flow_liters_per_minute",
+            "cooling_flow_L_per_min",
             &[(
                 "hw_id",
                 &id("/ThermalEquipment/CDUs/1/PrimaryCoolantConnectors/1")
@@ -801,12 +854,13 @@ fn a_tree_with_every_quirk_and_a_gpu_the_bmc_shares_with_nvml() {
         ),
         Some(1.0)
     );
-    // The BMC's HBM temperature of the GPU carries the GPU's NVML hw.id, next to NVML's.
+    // The BMC's HBM temperature of the GPU is a sensor of its own on the GPU (hw.parent is
+    // the GPU's NVML hw.id), next to NVML's.
     assert_eq!(
         v(
             "hw_temperature_celsius",
             &[
-                ("hw_id", &uuid),
+                ("hw_parent", &uuid),
                 ("junction_target", "rack"),
                 ("hw_name", "GPU0 DRAM 0 Temp 0")
             ]
@@ -822,14 +876,25 @@ fn a_tree_with_every_quirk_and_a_gpu_the_bmc_shares_with_nvml() {
         Some(71.0),
         "NVML's HBM temperature"
     );
-    // The metric report: a fresh value exported (about the GPU), a stale one and a nan not,
-    // one of a sensor read already not twice.
+    // The metric report: a fresh value exported (the BMC's copy of the GPU's power, which
+    // NVML's hw.power counts: not a second hw.power series), a stale one and a nan not, one
+    // of a sensor read already not twice.
     assert_eq!(
         v(
-            "hw_power_watts",
-            &[("hw_id", &uuid), ("junction_target", "rack")]
+            "bmc_power_watts",
+            &[
+                ("hw_parent", &uuid),
+                ("hw_type", "gpu"),
+                ("junction_target", "rack")
+            ]
         ),
         Some(455.5)
+    );
+    assert!(
+        !s.iter().any(|x| x.name == "hw_power_watts"
+            && x.labels.get("junction_target").map(String::as_str) == Some("rack")
+            && x.labels.get("hw_type").map(String::as_str) == Some("gpu")),
+        "no BMC copy of a GPU's power in hw_power_watts"
     );
     assert!(!out.contains("GPU0_TEMP_1"), "stale value skipped");
     assert!(!out.contains("GPU0_Energy_0"), "nan skipped");
@@ -837,9 +902,37 @@ fn a_tree_with_every_quirk_and_a_gpu_the_bmc_shares_with_nvml() {
         s.iter()
             .filter(|x| x.name == "hw_temperature_celsius"
                 && x.labels.get("junction_target").map(String::as_str) == Some("rack")
-                && x.labels["hw_id"] == uuid)
+                && x.labels.get("hw_parent") == Some(&uuid))
             .count(),
         1
+    );
+    // One hw.status state set for the GPU, Junction's; the BMC's health of it apart.
+    let states: Vec<_> = s
+        .iter()
+        .filter(|x| x.name == "hw_status" && x.labels.get("hw_id") == Some(&uuid))
+        .map(|x| x.labels["hw_state"].clone())
+        .collect();
+    assert_eq!(
+        states.len(),
+        std::collections::BTreeSet::from_iter(&states).len(),
+        "{states:?}"
+    );
+    // The BMC says Warning of the GPU: that is its own series; the verdict stays NVML's.
+    assert_eq!(
+        v(
+            "bmc_component_health",
+            &[("hw_id", &uuid), ("bmc_health", "warning")]
+        ),
+        Some(1.0),
+        "the BMC's health of the GPU"
+    );
+    assert_eq!(
+        s.iter()
+            .filter(|x| x.name == "hw_status" && x.labels.get("hw_id") == Some(&uuid))
+            .map(|x| x.value)
+            .sum::<f64>(),
+        1.0,
+        "one state of the GPU is true: Junction's verdict"
     );
     // `junction once` as a table shows the BMC too.
     let dir = support::temp_dir();
@@ -1316,6 +1409,20 @@ fn ipmitool(sim: &IpmiSim) -> Vec<IpmitoolSensor> {
         .collect()
 }
 
+/// IPMI's threshold names (as `ipmitool` heads its columns) as the conventions'
+/// `hw.limit_type` (non-critical = degraded; non-recoverable has no name there).
+fn spec_limit(t: &str) -> &'static str {
+    match t {
+        "lower_fatal" => "low.fatal",
+        "lower_critical" => "low.critical",
+        "lower_caution" => "low.degraded",
+        "upper_caution" => "high.degraded",
+        "upper_critical" => "high.critical",
+        "upper_fatal" => "high.fatal",
+        other => panic!("threshold {other}"),
+    }
+}
+
 /// The metric an `ipmitool` unit column is exported as (IPMI's unit names, written out here
 /// on their own).
 fn ipmi_metric(unit: &str) -> &'static str {
@@ -1324,7 +1431,7 @@ fn ipmi_metric(unit: &str) -> &'static str {
         "RPM" => "cooling_pump_speed_rpm",
         "Volts" => "hw_voltage_volts",
         "Watts" => "hw_power_watts",
-        _ => "cooling_flow_liters_per_minute",
+        _ => "cooling_flow_L_per_min",
     }
 }
 
@@ -1389,13 +1496,22 @@ fn ipmi_sim_values_equal_ipmitool_and_a_live_change_shows_at_the_next_poll() {
         value(&s, "hw_temperature_celsius", &[("hw_name", "GPU1 Temp")]) == Some(95.0)
     });
     let s = parse(&body);
+    // Its state as the conventions' hw.status of a temperature sensor: failed.
     assert_eq!(
         value(
             &s,
-            "bmc_sensor_state",
-            &[("hw_name", "GPU1 Temp"), ("bmc_sensor_state", "critical")]
+            "hw_status",
+            &[
+                ("hw_name", "GPU1 Temp"),
+                ("hw_type", "temperature"),
+                ("hw_state", "failed")
+            ]
         ),
         Some(1.0)
+    );
+    assert_eq!(
+        value(&s, "bmc_sensor_state", &[("hw_name", "GPU1 Temp")]),
+        None
     );
 }
 
@@ -1424,15 +1540,17 @@ fn ipmi_thresholds_equal_ipmitool_and_a_leak_is_critical() {
     });
     let s = parse(&body);
     let mut compared = 0;
-    for (name, _, _, thresholds) in ipmitool(&sim) {
+    for (name, _, unit, thresholds) in ipmitool(&sim) {
         for (t, v) in thresholds {
             compared += 1;
+            // A temperature's thresholds as the conventions name them; the rest Junction's.
+            let (metric, label, t) = if unit == "degrees C" {
+                ("hw_temperature_limit_celsius", "hw_limit_type", spec_limit(t))
+            } else {
+                ("bmc_sensor_threshold", "bmc_threshold", t)
+            };
             assert_eq!(
-                value(
-                    &s,
-                    "bmc_sensor_threshold",
-                    &[("hw_name", &name), ("bmc_threshold", t)]
-                ),
+                value(&s, metric, &[("hw_name", &name), (label, t)]),
                 Some(v),
                 "{name} {t}"
             );
@@ -1475,7 +1593,7 @@ fn ipmi_thresholds_equal_ipmitool_and_a_leak_is_critical() {
         ) == Some(1.0)
             && value(
                 &s,
-                "cooling_flow_liters_per_minute",
+                "cooling_flow_L_per_min",
                 &[("hw_name", "Coolant Flow")],
             ) == Some(25.0)
     });

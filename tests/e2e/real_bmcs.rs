@@ -85,6 +85,28 @@ enum Class {
     Other,
 }
 
+/// A power reading: one of the metrics a power reading goes to by what it stands for (the
+/// host's total, one component's own draw, a supply's output, a copy or a sub-total); which
+/// one is tested on trees whose structure says it (`bmc::` and `semconv::`).
+const POWER: &str = "power";
+/// An energy reading, as [`POWER`].
+const ENERGY: &str = "energy";
+
+/// Whether the series `name` is one `metric` (or its family) stands for.
+fn is_metric(name: &str, metric: &str) -> bool {
+    match metric {
+        POWER => matches!(
+            name,
+            "hw_power_watts" | "hw_host_power_watts" | "bmc_power_watts" | "hw_power_supply_usage_watts"
+        ),
+        ENERGY => matches!(
+            name,
+            "hw_energy_joules_total" | "hw_host_energy_joules_total" | "bmc_energy_joules_total"
+        ),
+        m => name == m,
+    }
+}
+
 /// The metric a row is exported as, the factor to the registry's unit, and its class.
 fn expected(row: &Row, tree: &Path) -> (&'static str, f64, Class) {
     let context = doc(tree, &row.reference)
@@ -104,16 +126,16 @@ fn expected(row: &Row, tree: &Path) -> (&'static str, f64, Class) {
         ("EnvironmentMetrics.TemperatureCelsius", _) => {
             ("hw_temperature_celsius", 1.0, Class::Temperature)
         }
-        ("EnvironmentMetrics.PowerWatts", _) => ("hw_power_watts", 1.0, Class::Power),
-        ("EnvironmentMetrics.EnergyJoules", _) => ("hw_energy_joules_total", 1.0, Class::Other),
-        ("EnvironmentMetrics.EnergykWh", _) => ("hw_energy_joules_total", 3.6e6, Class::Other),
+        ("EnvironmentMetrics.PowerWatts", _) => (POWER, 1.0, Class::Power),
+        ("EnvironmentMetrics.EnergyJoules", _) => (ENERGY, 1.0, Class::Other),
+        ("EnvironmentMetrics.EnergykWh", _) => (ENERGY, 3.6e6, Class::Other),
         (_, "Cel" | "C") if margin => ("bmc_sensor_reading", 1.0, Class::Other),
         (_, "Cel" | "C") => ("hw_temperature_celsius", 1.0, Class::Temperature),
-        (_, "W" | "Watts") => ("hw_power_watts", 1.0, Class::Power),
+        (_, "W" | "Watts") => (POWER, 1.0, Class::Power),
         (_, "V") => ("hw_voltage_volts", 1.0, Class::Voltage),
-        (_, "J") => ("hw_energy_joules_total", 1.0, Class::Other),
-        (_, "kW.h" | "kWh") => ("hw_energy_joules_total", 3.6e6, Class::Other),
-        (_, "W.h" | "Wh") => ("hw_energy_joules_total", 3600.0, Class::Other),
+        (_, "J") => (ENERGY, 1.0, Class::Other),
+        (_, "kW.h" | "kWh") => (ENERGY, 3.6e6, Class::Other),
+        (_, "W.h" | "Wh") => (ENERGY, 3600.0, Class::Other),
         (_, "RPM") if context == "Pump" => ("cooling_pump_speed_rpm", 1.0, Class::Other),
         (_, "RPM") => ("hw_fan_speed_rpm", 1.0, Class::Fan),
         (_, "%" | "Percent" | "") if fan_kind || context == "Fan" => {
@@ -241,7 +263,7 @@ fn check(name: &str, tool: &Path) -> (usize, BTreeMap<&'static str, usize>) {
         let (metric, factor, _) = expected(r, &tree);
         let want = v * factor;
         let found = series.iter().any(|s| {
-            s.name == metric
+            is_metric(&s.name, metric)
                 && close(s.value, want)
                 && (excerpt || r.name.is_empty() || s.labels.get("hw_name") == Some(&r.name))
                 && (metric != "bmc_sensor_reading"

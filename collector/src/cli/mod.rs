@@ -344,6 +344,7 @@ fn collect_once(config: Config, inspect: bool) -> anyhow::Result<(Arc<Model>, Ve
 
 /// `junction once`: one collection, printed.
 pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
+    prometheus::encode::set_legacy_names(config.sinks.prometheus.legacy_names);
     let (model, _) = collect_once(config, false)?;
     let text = match format {
         Format::Prometheus => prometheus::render(&model),

@@ -205,6 +205,12 @@ config_section! {
         /// Address and port to listen on. Default: "0.0.0.0:9474" (all interfaces, as a
         /// scrape target must be reachable from Prometheus).
         pub listen: String = "0.0.0.0:9474".into(),
+        /// Serve the Prometheus names earlier releases used where a name changed to match
+        /// the OTLP translation exactly (`cooling_flow_liters_per_minute` for
+        /// `cooling_flow_L_per_min`, `cooling_pressure_kilopascals` for
+        /// `cooling_pressure_kPa`), for dashboards and alerts not yet moved; see MIGRATING.md.
+        /// Kept for one release. Default: false.
+        pub legacy_names: bool = false,
     }
 }
 

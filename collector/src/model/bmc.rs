@@ -181,6 +181,70 @@ pub struct Reading {
     pub thresholds: Vec<(&'static str, f64)>,
     /// The state against the thresholds (or the sensor's health when it has none).
     pub state: Option<Level>,
+    /// For power and energy: what the reading stands for.
+    pub scope: Scope,
+}
+
+/// What a power or energy reading stands for, which decides its metric, so that a sum over
+/// `hw.power` / `hw.energy` counts each component once (the conventions' host metrics: "the
+/// overall energy usage of a host MUST be reported using hw.host.energy and hw.host.power
+/// only … to prevent summing up overlapping values").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Decided by what it is about: one component's own draw (`hw.power{hw.type}` where its
+    /// physical context or owner names a component type of the conventions), the BMC's copy
+    /// of a GPU's (NVML reports the GPU: `bmc.power{hw.type=gpu}`), or anything else
+    /// (`bmc.power`).
+    #[default]
+    Auto,
+    /// The whole host (the host chassis' EnvironmentMetrics or PowerControl, an IPMI
+    /// system-power sensor): `hw.host.power` / `hw.host.energy`.
+    Host,
+    /// A power supply's output: `hw.power_supply.usage`.
+    SupplyOutput,
+    /// A sub-total or an interval statistic (a non-host chassis' total, PowerControl's
+    /// average, minimum, maximum): `bmc.power` / `bmc.energy`.
+    Aside,
+}
+
+/// The component type (as the conventions' `hw.type` names it) whose own draw a power
+/// reading is, from its physical context (snake case) or its owner's type; `None` where
+/// neither names one.
+pub fn consumer_type(location: Option<&str>, owner_type: &str) -> Option<&'static str> {
+    let of = |s: &str| -> Option<&'static str> {
+        Some(match s {
+            "cpu" => "cpu",
+            "memory" => "memory",
+            "power_supply" => "power_supply",
+            "fan" => "fan",
+            "gpu" => "gpu",
+            "storage_device" | "physical_disk" => "physical_disk",
+            "networking_device" | "network" => "network",
+            "battery" => "battery",
+            _ => return None,
+        })
+    };
+    location.and_then(of).or_else(|| of(owner_type))
+}
+
+/// The conventions' `hw.limit_type` of a threshold (`upper_critical` → `high.critical`);
+/// fatal (non-recoverable) and user-set thresholds, which the conventions do not name, keep
+/// a value of their own in the same shape (`high.fatal`, `high.degraded.user`).
+pub fn limit_type(threshold: &str) -> &'static str {
+    match threshold {
+        "upper_caution" => "high.degraded",
+        "upper_critical" => "high.critical",
+        "upper_fatal" => "high.fatal",
+        "lower_caution" => "low.degraded",
+        "lower_critical" => "low.critical",
+        "lower_fatal" => "low.fatal",
+        "upper_caution_user" => "high.degraded.user",
+        "upper_critical_user" => "high.critical.user",
+        "lower_caution_user" => "low.degraded.user",
+        "lower_critical_user" => "low.critical.user",
+        _ => "other",
+    }
 }
 
 impl Reading {
@@ -344,7 +408,13 @@ pub struct Poll {
 }
 
 impl Poll {
-    /// The samples both sinks export.
+    /// The samples both sinks export. Each component and sensor is one `hw.id` with at most
+    /// one `hw.status` state set; a GPU the BMC shares with NVML keeps Junction's verdict as
+    /// its only `hw.status` (the BMC's view is `bmc.component.health`); temperatures,
+    /// voltages and fan speeds carry their state and thresholds as the conventions do
+    /// (`hw.status{hw.type}`, `hw.*.limit{hw.limit_type}`), other quantities as
+    /// `bmc.sensor.state` / `bmc.sensor.threshold`; power and energy go where their
+    /// [`Scope`] says.
     pub fn samples(&self) -> Vec<Sample> {
         let target: AttrValue = self.target.clone().into();
         let base = |id: &str, hw_type: &str, name: &str, parent: &Option<String>| {
@@ -359,6 +429,13 @@ impl Poll {
             attrs.push(("junction.target", target.clone()));
             attrs
         };
+        let gpus: std::collections::HashSet<&str> = self
+            .components
+            .iter()
+            .filter(|c| c.hw_type == "gpu")
+            .map(|c| c.id.as_str())
+            .collect();
+        let mut with_status = std::collections::HashSet::new();
         let mut out = Vec::new();
         for c in &self.components {
             let attrs = base(&c.id, &c.hw_type, &c.name, &c.parent);
@@ -368,18 +445,34 @@ impl Poll {
                 .with("hw.model", c.model.clone().unwrap_or_default())
                 .with("hw.serial_number", c.serial.clone().unwrap_or_default());
             out.push(info);
-            if let Some(h) = c.health {
-                for s in [HealthState::Ok, HealthState::Degraded, HealthState::Failed] {
-                    let mut st =
-                        Sample::new(Metric::Status, f64::from(u8::from(h.hw_state() == s)));
+            let Some(h) = c.health else { continue };
+            if c.hw_type == "gpu" {
+                for l in Level::ALL {
+                    let mut st = Sample::new(Metric::ComponentHealth, f64::from(u8::from(h == l)));
                     st.attrs = attrs.clone();
-                    out.push(st.with("hw.state", s.as_str()));
+                    out.push(st.with("bmc.health", l.as_str()));
                 }
+            } else {
+                with_status.insert(c.id.as_str());
+                push_status(&mut out, &attrs, h);
             }
         }
         for r in &self.readings {
-            let attrs = base(&r.id, &r.hw_type, &r.name, &r.parent);
-            let metric = r.quantity.metric();
+            let mut hw_type = r.hw_type.as_str();
+            let metric = match r.quantity {
+                Quantity::Power | Quantity::Energy => {
+                    let energy = r.quantity == Quantity::Energy;
+                    let about_gpu = r.parent.as_deref().is_some_and(|p| gpus.contains(p))
+                        || gpus.contains(r.id.as_str());
+                    let (m, t) = power_metric(r, energy, about_gpu);
+                    if let Some(t) = t {
+                        hw_type = t;
+                    }
+                    m
+                }
+                q => q.metric(),
+            };
+            let attrs = base(&r.id, hw_type, &r.name, &r.parent);
             if r.quantity == Quantity::Leak {
                 for (i, state) in LEAK_STATES.iter().enumerate() {
                     let mut s = Sample::new(metric, f64::from(u8::from(r.value as usize == i)));
@@ -404,6 +497,30 @@ impl Poll {
             if has_value {
                 out.push(s);
             }
+            // The conventions' families: a state set of the sensor and its limits.
+            let limit = match r.quantity {
+                Quantity::Temperature => Some((Metric::TemperatureLimit, "temperature")),
+                Quantity::Voltage => Some((Metric::VoltageLimit, "voltage")),
+                Quantity::FanRpm => Some((Metric::FanRpmLimit, "fan")),
+                _ => None,
+            };
+            if let Some((limit, kind)) = limit {
+                let mut attrs = base(&r.id, kind, &r.name, &r.parent);
+                if let Some(l) = &r.location {
+                    attrs.push(("hw.sensor_location", l.clone().into()));
+                }
+                for (name, v) in &r.thresholds {
+                    let mut t = Sample::new(limit, *v);
+                    t.attrs = attrs.clone();
+                    out.push(t.with("hw.limit_type", limit_type(name)));
+                }
+                if let Some(level) = r.state
+                    && with_status.insert(r.id.as_str())
+                {
+                    push_status(&mut out, &attrs, level);
+                }
+                continue;
+            }
             let unit = registry_unit(r);
             for (name, v) in &r.thresholds {
                 let mut t = Sample::new(Metric::SensorThreshold, *v);
@@ -422,6 +539,36 @@ impl Poll {
             }
         }
         out
+    }
+}
+
+/// `hw.status` of a BMC component or sensor: 1 for its state (ok, degraded, failed).
+fn push_status(out: &mut Vec<Sample>, attrs: &[(&'static str, AttrValue)], level: Level) {
+    for s in [HealthState::Ok, HealthState::Degraded, HealthState::Failed] {
+        let mut st = Sample::new(Metric::Status, f64::from(u8::from(level.hw_state() == s)));
+        st.attrs = attrs.to_vec();
+        out.push(st.with("hw.state", s.as_str()));
+    }
+}
+
+/// Where a power (or, with `energy`, energy) reading goes, and the `hw.type` it carries
+/// there where that is not the reading's own (see [`Scope`]).
+fn power_metric(r: &Reading, energy: bool, about_gpu: bool) -> (Metric, Option<&'static str>) {
+    let (own, host, aside) = if energy {
+        (Metric::Energy, Metric::HostEnergy, Metric::BmcEnergy)
+    } else {
+        (Metric::Power, Metric::HostPower, Metric::BmcPower)
+    };
+    let consumer = consumer_type(r.location.as_deref(), &r.hw_type);
+    match r.scope {
+        Scope::Host => (host, Some("enclosure")),
+        Scope::SupplyOutput if !energy => (Metric::PowerSupplyUsage, Some("power_supply")),
+        Scope::SupplyOutput | Scope::Aside => (aside, None),
+        Scope::Auto if about_gpu || consumer == Some("gpu") => (aside, Some("gpu")),
+        Scope::Auto => match consumer {
+            Some(t) => (own, Some(t)),
+            None => (aside, None),
+        },
     }
 }
 
@@ -507,6 +654,146 @@ mod tests {
             Some(Level::Warning)
         );
         assert_eq!(Reading::level(1.0, &[], None), None);
+    }
+
+    fn reading(id: &str, hw_type: &str, quantity: Quantity, value: f64) -> Reading {
+        Reading {
+            id: id.into(),
+            hw_type: hw_type.into(),
+            name: id.into(),
+            parent: Some("bmc:/Chassis/1".into()),
+            quantity,
+            value,
+            unit: String::new(),
+            location: None,
+            point: None,
+            thresholds: Vec::new(),
+            state: None,
+            scope: Scope::Auto,
+        }
+    }
+
+    /// (metric, hw.type) of each sample with hw.id `id`.
+    fn routed(samples: &[Sample], id: &str) -> Vec<(&'static str, String)> {
+        samples
+            .iter()
+            .filter(|s| s.attr("hw.id") == Some(id))
+            .map(|s| {
+                (
+                    s.metric.desc().name,
+                    s.attr("hw.type").unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn power_goes_where_no_sum_counts_it_twice() {
+        let gpu = Component {
+            id: "GPU-1".into(),
+            hw_type: "gpu".into(),
+            name: "GPU 0".into(),
+            parent: None,
+            model: None,
+            serial: None,
+            health: Some(Level::Warning),
+        };
+        let mut host = reading("host", "power", Quantity::Power, 2400.0);
+        host.scope = Scope::Host;
+        let mut avg = reading("avg", "power", Quantity::Power, 2300.0);
+        avg.scope = Scope::Aside;
+        let psu_in = reading("psu", "power_supply", Quantity::Power, 1210.0);
+        let mut psu_out = reading("psu-out", "power_supply", Quantity::Power, 1150.0);
+        psu_out.scope = Scope::SupplyOutput;
+        let mut copy = reading("gpu-copy", "power", Quantity::Power, 455.0);
+        copy.parent = Some("GPU-1".into());
+        let mut by_context = reading("gpu-ctx", "power", Quantity::Power, 71.0);
+        by_context.location = Some("gpu".into());
+        let mut cpu = reading("cpu", "power", Quantity::Power, 180.0);
+        cpu.location = Some("cpu".into());
+        let mut hsc = reading("hsc", "power", Quantity::Power, 72.0);
+        hsc.location = Some("gpu_subsystem".into());
+        let mut gpu_energy = reading("gpu-energy", "energy", Quantity::Energy, 5.6e7);
+        gpu_energy.location = Some("gpu".into());
+        let poll = Poll {
+            target: "bmc".into(),
+            components: vec![gpu],
+            readings: vec![
+                host, avg, psu_in, psu_out, copy, by_context, cpu, hsc, gpu_energy,
+            ],
+            notes: Vec::new(),
+        };
+        let s = poll.samples();
+        let one = |id: &str| routed(&s, id);
+        assert_eq!(one("host"), [("hw.host.power", "enclosure".into())]);
+        assert_eq!(one("avg"), [("bmc.power", "power".into())]);
+        assert_eq!(one("psu"), [("hw.power", "power_supply".into())]);
+        assert_eq!(
+            one("psu-out"),
+            [("hw.power_supply.usage", "power_supply".into())]
+        );
+        assert_eq!(one("gpu-copy"), [("bmc.power", "gpu".into())]);
+        assert_eq!(one("gpu-ctx"), [("bmc.power", "gpu".into())]);
+        assert_eq!(one("cpu"), [("hw.power", "cpu".into())]);
+        assert_eq!(one("hsc"), [("bmc.power", "power".into())]);
+        assert_eq!(one("gpu-energy"), [("bmc.energy", "gpu".into())]);
+        // The GPU's own hw.status is Junction's: the BMC's view is a metric of its own.
+        let gpu: Vec<_> = routed(&s, "GPU-1").into_iter().map(|(m, _)| m).collect();
+        assert!(!gpu.contains(&"hw.status"), "{gpu:?}");
+        assert_eq!(
+            s.iter()
+                .filter(|x| x.metric == Metric::ComponentHealth && x.value == 1.0)
+                .filter_map(|x| x.attr("bmc.health"))
+                .collect::<Vec<_>>(),
+            ["warning"]
+        );
+    }
+
+    #[test]
+    fn temperatures_voltages_and_fans_carry_the_conventions_state_and_limits() {
+        let mut t = reading("t", "temperature", Quantity::Temperature, 85.0);
+        t.thresholds = vec![
+            ("lower_critical", 5.0),
+            ("upper_caution", 80.0),
+            ("upper_critical", 90.0),
+            ("upper_fatal", 95.0),
+        ];
+        t.state = Reading::level(85.0, &t.thresholds, None);
+        let mut flow = reading("f", "flow", Quantity::Flow, 20.0);
+        flow.thresholds = vec![("lower_caution", 30.0)];
+        flow.state = Some(Level::Warning);
+        let poll = Poll {
+            target: "bmc".into(),
+            components: Vec::new(),
+            readings: vec![t, flow],
+            notes: Vec::new(),
+        };
+        let s = poll.samples();
+        let limits: Vec<_> = s
+            .iter()
+            .filter(|x| x.metric == Metric::TemperatureLimit)
+            .map(|x| (x.attr("hw.limit_type").unwrap_or(""), x.value))
+            .collect();
+        assert_eq!(
+            limits,
+            [
+                ("low.critical", 5.0),
+                ("high.degraded", 80.0),
+                ("high.critical", 90.0),
+                ("high.fatal", 95.0)
+            ]
+        );
+        let state = |id: &str, m: Metric, key: &str| -> Vec<String> {
+            s.iter()
+                .filter(|x| x.metric == m && x.attr("hw.id") == Some(id) && x.value == 1.0)
+                .filter_map(|x| x.attr(key).map(str::to_string))
+                .collect()
+        };
+        assert_eq!(state("t", Metric::Status, "hw.state"), ["degraded"]);
+        assert!(state("t", Metric::SensorState, "bmc.sensor.state").is_empty());
+        // Flow has no family in the conventions: it keeps Junction's own.
+        assert_eq!(state("f", Metric::SensorState, "bmc.sensor.state"), ["warning"]);
+        assert!(state("f", Metric::Status, "hw.state").is_empty());
     }
 
     #[test]

@@ -124,8 +124,8 @@ macro_rules! registry {
 registry! {
     Info = "gpu.info", "{info}", Gauge, ["hw.name", "hw.vendor", "hw.model", "hw.serial_number", "hw.driver_version", "hw.firmware_version", "gpu.index", "gpu.minor_number", "gpu.pci.bdf", "gpu.cuda_driver_version"], Status,
         "nvmlDeviceGetName/Serial/PciInfo_v3/MinorNumber/VbiosVersion, nvmlSystemGetDriverVersion", "GPU identity; always 1.";
-    Status = "hw.status", "1", UpDownCounter, ["hw.type", "hw.state", "hw.name", "nic.port"], Status,
-        "derived (lost GPU, reset required, stuck NVML call, the health rules; a NIC port's rules; a BMC component's Status.Health)", "1 for the GPU's (or NIC port's, or BMC component's) current state (ok, degraded, failed, predicted_failure), 0 for the others.";
+    Status = "hw.status", "1", UpDownCounter, ["hw.type", "hw.state", "hw.name", "hw.parent", "hw.sensor_location", "nic.port", "junction.target"], Status,
+        "derived (lost GPU, reset required, stuck NVML call, the health rules; a NIC port's rules); a BMC component's Status.Health; a BMC temperature, voltage or fan sensor's state against its thresholds", "1 for the component's current state (a GPU: ok, degraded, failed, predicted_failure; a NIC port, BMC component or sensor: ok, degraded, failed), 0 for the others; one state set per hw.id.";
     HealthReason = "gpu.health.reason", "{state}", Gauge, ["hw.type", "gpu.health.reason"], Status,
         "derived", "1 for each reason the GPU is not ok (docs/HEALTH.md lists them with their rules): gpu_lost, reset_required, xid_79, xid_fatal, ecc_uncorrectable, remap_pending, thermal_forecast, leak_detected, …";
     Utilization = "hw.gpu.utilization", "1", Gauge, ["hw.gpu.task"], Utilization,
@@ -147,15 +147,15 @@ registry! {
     Bar1Limit = "gpu.bar1.limit", "By", UpDownCounter, [], Memory,
         "nvmlDeviceGetBAR1MemoryInfo", "Total BAR1 memory.";
     Power = "hw.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Power,
-        "nvmlDeviceGetPowerUsage (mW); Redfish Sensor (Power), EnvironmentMetrics.PowerWatts; IPMI sensors in W", "Power drawn by the board (NVML), or a power reading a BMC reports (with junction.target).";
+        "nvmlDeviceGetPowerUsage (mW); Redfish Sensor (Power), PowerSupplyMetrics.InputPowerWatts; IPMI sensors in W", "Power drawn by one component: a GPU's board (NVML), or what a BMC reports of one component that is not a GPU (hw.type from its physical context: cpu, memory, power_supply input, fan, …; with junction.target). Each component once: the host's total is hw.host.power, a BMC's copy of a GPU's draw and sub-totals bmc.power.";
     PowerLimit = "gpu.power.limit", "W", Gauge, ["gpu.power.limit_type"], Power,
         "nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetPowerManagementDefaultLimit, nvmlDeviceGetPowerManagementLimitConstraints", "Power limits: enforced, default, min, max.";
     Energy = "hw.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "junction.target"], Power,
-        "nvmlDeviceGetTotalEnergyConsumption (mJ); Redfish Sensor (EnergyJoules, EnergyWh, EnergykWh), EnvironmentMetrics", "Energy consumed since the driver was loaded (NVML), or an energy counter a BMC reports.";
+        "nvmlDeviceGetTotalEnergyConsumption (mJ); Redfish Sensor (EnergyJoules, EnergyWh, EnergykWh), PowerSupplyMetrics.EnergykWh", "Energy consumed since the driver was loaded (NVML), or a BMC's energy counter of one component that is not a GPU (as hw.power).";
     Temperature = "hw.temperature", "Cel", Gauge, ["hw.sensor_location", "hw.type", "hw.name", "hw.parent", "junction.target"], Temperature,
-        "nvmlDeviceGetTemperatureV (gpu_die; nvmlDeviceGetTemperature on older drivers), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction); Redfish Sensor (Temperature), ThermalMetrics, legacy Thermal; IPMI temperature sensors", "GPU die and memory-junction (HBM) temperature from NVML; temperatures a BMC reports (with junction.target; a BMC sensor about a GPU carries the GPU's hw.id).";
-    TemperatureLimit = "hw.temperature.limit", "Cel", Gauge, ["hw.sensor_location", "hw.limit_type"], Temperature,
-        "nvmlDeviceGetFieldValues(NVML_FI_DEV_TEMPERATURE_*_TLIMIT) (nvmlDeviceGetTemperatureThreshold on older drivers)", "Temperature thresholds, as OpenTelemetry's hw.limit_type names them: throttled (NVML's slowdown), high.critical (shutdown), max (maximum operating, die and memory).";
+        "nvmlDeviceGetTemperatureV (gpu_die; nvmlDeviceGetTemperature on older drivers), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction); Redfish Sensor (Temperature), ThermalMetrics, legacy Thermal; IPMI temperature sensors", "GPU die and memory-junction (HBM) temperature from NVML; temperatures a BMC reports (with junction.target; hw.id is the sensor, hw.parent the GPU's UUID for a sensor on a GPU NVML reports).";
+    TemperatureLimit = "hw.temperature.limit", "Cel", Gauge, ["hw.sensor_location", "hw.limit_type", "hw.type", "hw.name", "hw.parent", "junction.target"], Temperature,
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_TEMPERATURE_*_TLIMIT) (nvmlDeviceGetTemperatureThreshold on older drivers)", "Temperature thresholds, as OpenTelemetry's hw.limit_type names them: throttled (NVML's slowdown), high.critical (shutdown), max (maximum operating, die and memory); a BMC sensor's thresholds (with junction.target) as hw.voltage.limit names them.";
     FanSpeed = "hw.fan.speed_ratio", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Temperature,
         "nvmlDeviceGetNumFans, nvmlDeviceGetFanSpeed_v2", "Fan speed as a fraction of its maximum. A GPU's fan is a component of its own: hw.id <GPU UUID>/fan<N>, hw.parent the GPU.";
     ClockFrequency = "gpu.clock.frequency", "Hz", Gauge, ["gpu.clock.domain"], Clocks,
@@ -300,9 +300,9 @@ registry! {
         "agent", "/dev/kmsg records overwritten before they were read (EPIPE: sequence gaps) or too large to read.";
     KmsgIgnored = "junction.kmsg.ignored", "{record}", Counter, ["junction.input"], Status,
         "agent", "Kernel-log records not read for XIDs because the kernel did not write them: /dev/kmsg records of another facility, file lines without the kernel's syslog tag, lines over 64 KiB (accept_user_records reads the first two).";
-    Voltage = "hw.voltage", "V", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
-        "Redfish Sensor (ReadingType Voltage), IPMI sensors in V", "A voltage a BMC reports (hw.id is the sensor, or the GPU it belongs to).";
-    FanRpm = "hw.fan.speed", "rpm", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+    Voltage = "hw.voltage", "V", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
+        "Redfish Sensor (ReadingType Voltage), IPMI sensors in V", "A voltage a BMC reports (hw.id is the sensor; hw.parent what it sits on, a GPU's UUID for a GPU NVML reports).";
+    FanRpm = "hw.fan.speed", "rpm", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish Fan / Sensor (Rotational), legacy Thermal Fans, IPMI fan sensors", "Fan speed a BMC reports.";
     CoolantFlow = "cooling.flow", "L/min", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "cooling.coolant.point"], Status,
         "Redfish CoolantConnector.FlowLitersPerMinute, Sensor (LiquidFlowLPM, LiquidFlow), IPMI flow sensors", "Coolant flow through a loop, connector or cold plate.";
@@ -327,11 +327,27 @@ registry! {
     SensorReading = "bmc.sensor.reading", "{reading}", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "bmc.sensor.unit"], Status,
         "Redfish Sensor, IPMI sensor", "A BMC reading with no more specific metric (current, frequency, liquid level, altitude, …), in bmc.sensor.unit.";
     SensorState = "bmc.sensor.state", "1", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "junction.target", "bmc.sensor.state"], Status,
-        "Redfish Sensor thresholds and Status.Health, IPMI sensor state", "1 for the sensor's current state against its thresholds (ok, warning, critical), 0 for the others.";
+        "Redfish Sensor thresholds and Status.Health, IPMI sensor state", "1 for the sensor's current state against its thresholds (ok, warning, critical), 0 for the others: quantities the conventions have no family for (flow, pressure, current, …); temperatures, voltages and fan speeds are hw.status.";
     SensorThreshold = "bmc.sensor.threshold", "{reading}", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "bmc.threshold", "bmc.sensor.unit"], Status,
-        "Redfish Sensor.Thresholds, legacy Thermal thresholds, IPMI SDR thresholds", "A sensor threshold (lower/upper caution, critical, fatal) in the reading's unit (bmc.sensor.unit).";
+        "Redfish Sensor.Thresholds, legacy Thermal thresholds, IPMI SDR thresholds", "A sensor threshold (lower/upper caution, critical, fatal) in the reading's unit (bmc.sensor.unit), for the quantities bmc.sensor.state covers; temperatures, voltages and fan speeds are hw.*.limit.";
     ComponentInfo = "bmc.component.info", "{component}", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.model", "hw.serial_number", "junction.target"], Status,
         "Redfish Chassis, ThermalEquipment units, loops, connectors, pumps, filters, reservoirs, leak detectors; IPMI BMC", "A component a BMC reports, with its identity; always 1.";
+    ComponentHealth = "bmc.component.health", "1", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "junction.target", "bmc.health"], Status,
+        "Redfish Status.Health of a chassis that is one of this node's GPUs", "1 for the health the BMC reports for a GPU NVML also reports (ok, warning, critical), 0 for the others; the GPU's hw.status is Junction's verdict alone.";
+    HostPower = "hw.host.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish EnvironmentMetrics.PowerWatts or PowerControl.PowerConsumedWatts of the host chassis (a root chassis of a server's type); IPMI system power sensors", "Power drawn by the whole host, as its BMC measures it (never summed with hw.power: the host's total contains its components).";
+    HostEnergy = "hw.host.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish EnvironmentMetrics.EnergyJoules / EnergykWh of the host chassis", "Energy consumed by the whole host, as its BMC counts it.";
+    PowerSupplyUsage = "hw.power_supply.usage", "W", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish PowerSupplyMetrics.OutputPowerWatts, legacy PowerSupplies.PowerOutputWatts; IPMI power-supply output sensors", "Power a power supply delivers (its input, what it draws, is hw.power{hw.type=power_supply}).";
+    BmcPower = "bmc.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
+        "Redfish Sensor (Power), EnvironmentMetrics.PowerWatts and PowerControl of a chassis that is not the host; IPMI sensors in W", "A BMC power reading that another series already counts or that sums others: its copy of a GPU's draw (hw.type gpu; hw.parent the GPU where NVML reports it), a sub-total (a GPU baseboard, a chassis inside the host), an interval statistic, or a reading whose context names no one component.";
+    BmcEnergy = "bmc.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
+        "Redfish Sensor (EnergyJoules, EnergyWh, EnergykWh) and EnvironmentMetrics of a GPU or a chassis that is not the host", "A BMC energy counter that another series already counts or that sums others (as bmc.power).";
+    VoltageLimit = "hw.voltage.limit", "V", Gauge, ["hw.sensor_location", "hw.limit_type", "hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish Sensor.Thresholds, legacy Power Voltages thresholds, IPMI SDR thresholds", "A voltage sensor's thresholds, as OpenTelemetry's hw.limit_type names them (low.critical, low.degraded, high.degraded, high.critical; fatal ones high.fatal, low.fatal).";
+    FanRpmLimit = "hw.fan.speed.limit", "rpm", Gauge, ["hw.sensor_location", "hw.limit_type", "hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+        "Redfish Sensor.Thresholds, legacy Thermal Fans thresholds, IPMI SDR thresholds", "A fan's speed thresholds, as hw.voltage.limit names them.";
     TargetUp = "junction.target.up", "{state}", Gauge, ["junction.source", "junction.target"], Status,
         "agent", "1 if the last poll of a BMC target succeeded.";
     TargetPollDuration = "junction.target.poll.duration", "s", Gauge, ["junction.source", "junction.target"], Status,
@@ -454,36 +470,60 @@ impl MetricDesc {
     }
 }
 
+/// otlptranslator's `unitMap` (v1.0.0): the units it spells out; any other unit is kept as
+/// written (`L`, `kPa`).
 fn unit_word(u: &str) -> Option<&'static str> {
     Some(match u {
+        "d" => "days",
+        "h" => "hours",
+        "min" => "minutes",
         "s" => "seconds",
         "ms" => "milliseconds",
         "us" => "microseconds",
+        "ns" => "nanoseconds",
         "By" => "bytes",
         "KiBy" => "kibibytes",
         "MiBy" => "mebibytes",
-        "W" => "watts",
-        "J" => "joules",
-        "Cel" => "celsius",
-        "Hz" => "hertz",
+        "GiBy" => "gibibytes",
+        "TiBy" => "tibibytes",
+        "KBy" => "kilobytes",
+        "MBy" => "megabytes",
+        "GBy" => "gigabytes",
+        "TBy" => "terabytes",
+        "m" => "meters",
         "V" => "volts",
         "A" => "amperes",
-        "Pa" => "pascals",
-        "kPa" => "kilopascals",
-        "L" => "liters",
+        "J" => "joules",
+        "W" => "watts",
+        "g" => "grams",
+        "Cel" => "celsius",
+        "Hz" => "hertz",
         "%" => "percent",
         _ => return None,
     })
 }
 
+/// otlptranslator's `perUnitMap` (v1.0.0): the units after a slash it spells out.
 fn per_word(u: &str) -> Option<&'static str> {
     Some(match u {
         "s" => "second",
-        "min" => "minute",
+        "m" => "minute",
         "h" => "hour",
+        "d" => "day",
+        "w" => "week",
+        "mo" => "month",
+        "y" => "year",
         _ => return None,
     })
 }
+
+/// The Prometheus names earlier releases gave the metrics whose name changed when the
+/// translation was made exact (`[sinks.prometheus] legacy_names` serves these instead for
+/// one release).
+pub const LEGACY_PROMETHEUS_NAMES: &[(Metric, &str)] = &[
+    (Metric::CoolantFlow, "cooling_flow_liters_per_minute"),
+    (Metric::CoolantPressure, "cooling_pressure_kilopascals"),
+];
 
 fn unit_suffix(unit: &str, kind: Kind) -> Option<String> {
     if unit == "1" {
@@ -585,6 +625,35 @@ mod tests {
         assert_eq!(n(Metric::ViolationTime), "gpu_violation_time_seconds_total");
         assert_eq!(n(Metric::ClockFrequency), "gpu_clock_frequency_hertz");
         assert_eq!(n(Metric::Info), "gpu_info");
+        // Units otlptranslator does not spell out are kept as written.
+        assert_eq!(n(Metric::CoolantFlow), "cooling_flow_L_per_min");
+        assert_eq!(n(Metric::CoolantPressure), "cooling_pressure_kPa");
+        assert_eq!(n(Metric::HostEnergy), "hw_host_energy_joules_total");
+        assert_eq!(n(Metric::FanRpmLimit), "hw_fan_speed_limit_rpm");
+        // otlptranslator's own cases (v1.0.0, UnderscoreEscapingWithSuffixes).
+        let t = |name: &'static str, unit: &'static str, kind: Kind| {
+            MetricDesc {
+                name,
+                unit,
+                kind,
+                attrs: &[],
+                help: "",
+                source: "",
+                group: Group::Status,
+            }
+            .prometheus_name()
+        };
+        assert_eq!(t("system.io", "By", Kind::Counter), "system_io_bytes_total");
+        assert_eq!(t("speed", "m/s", Kind::Gauge), "speed_meters_per_second");
+        assert_eq!(t("cpu.utilization", "1", Kind::Gauge), "cpu_utilization_ratio");
+        assert_eq!(t("hits", "1", Kind::Counter), "hits_total");
+        assert_eq!(t("requests", "{request}", Kind::Counter), "requests_total");
+        assert_eq!(t("uptime", "d", Kind::Gauge), "uptime_days");
+        assert_eq!(t("rate", "By/mo", Kind::Gauge), "rate_bytes_per_month");
+        assert_eq!(
+            t("http.server.duration", "ms", Kind::Gauge),
+            "http_server_duration_milliseconds"
+        );
     }
 
     #[test]

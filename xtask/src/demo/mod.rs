@@ -503,7 +503,7 @@ fn view(
     }
 
     out.push_str("\nCoolant loop (CDU over Redfish) and board sensors (BMC over IPMI)\n");
-    let flows = find(&s, "cooling_flow_liters_per_minute", &[]);
+    let flows = find(&s, "cooling_flow_L_per_min", &[]);
     let flows = if flows.is_empty() {
         s.iter()
             .filter(|x| x.name.starts_with("cooling_flow"))

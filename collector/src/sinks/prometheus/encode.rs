@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::model::REGISTRY;
+use crate::model::registry::LEGACY_PROMETHEUS_NAMES;
 use crate::model::view::View;
 
 /// Renders the exposition text.
@@ -57,10 +58,34 @@ fn write_label(out: &mut String, first: &mut bool, key: &str, value: &str) {
     out.push('"');
 }
 
-/// The Prometheus names of the registry, computed once.
+/// Whether `/metrics` serves the names of [`LEGACY_PROMETHEUS_NAMES`] instead
+/// (`[sinks.prometheus] legacy_names`; set once at start).
+static LEGACY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Serves the earlier releases' names where a name changed (`legacy_names`).
+pub fn set_legacy_names(on: bool) {
+    LEGACY.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The Prometheus names of the registry, computed once (each way).
 fn prometheus_names() -> &'static [String] {
     static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    NAMES.get_or_init(|| REGISTRY.iter().map(|d| d.prometheus_name()).collect())
+    static OLD: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    if LEGACY.load(std::sync::atomic::Ordering::Relaxed) {
+        OLD.get_or_init(|| {
+            let mut names = prometheus_names_now();
+            for (m, old) in LEGACY_PROMETHEUS_NAMES {
+                names[*m as usize] = (*old).to_string();
+            }
+            names
+        })
+    } else {
+        NAMES.get_or_init(prometheus_names_now)
+    }
+}
+
+fn prometheus_names_now() -> Vec<String> {
+    REGISTRY.iter().map(|d| d.prometheus_name()).collect()
 }
 
 fn write_value(out: &mut String, v: f64) {

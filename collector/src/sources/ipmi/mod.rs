@@ -18,7 +18,7 @@ use std::time::Duration;
 use crate::agent::{Component as AgentComponent, Ctx};
 use crate::config::{Config, Invalid, config_section};
 use crate::model::Model;
-use crate::model::bmc::{Component, Level, Poll, Quantity, Reading};
+use crate::model::bmc::{Component, Level, Poll, Quantity, Reading, Scope};
 use crate::sources::polled::{self, PollError};
 
 config_section! {
@@ -372,6 +372,7 @@ pub fn parse_line(target: &str, line: &str) -> Option<Reading> {
         },
         _ => value.map_or(f64::NAN, |v| v * factor),
     };
+    let (location, scope) = ipmi_context(&lname, ty);
     Some(Reading {
         id: format!("{target}:sensor/{}", name.trim()),
         hw_type: if quantity == Quantity::Other {
@@ -384,7 +385,7 @@ pub fn parse_line(target: &str, line: &str) -> Option<Reading> {
         quantity,
         value,
         unit: units.to_string(),
-        location: None,
+        location,
         point: None,
         thresholds,
         state: if quantity == Quantity::Leak {
@@ -392,7 +393,70 @@ pub fn parse_line(target: &str, line: &str) -> Option<Reading> {
         } else {
             level
         },
+        scope: if quantity == Quantity::Power {
+            scope
+        } else {
+            Scope::Auto
+        },
     })
+}
+
+/// What an IPMI sensor is about, from its name (lower case) and SDR sensor type: the SDR
+/// carries an entity ID, which `ipmi-sensors` does not print, so the names BMC vendors give
+/// decide: `hw.sensor_location` (cpu, memory, gpu, power_supply, fan, intake) and, for a
+/// power sensor, whether it is the host's total (`Pwr Consumption`, `Total Power`, `System
+/// Power`, `Avg Power`) or a supply's output.
+fn ipmi_context(lname: &str, ty: &str) -> (Option<String>, Scope) {
+    let words: Vec<&str> = lname
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let has = |w: &str| words.contains(&w);
+    let starts = |p: &str| words.iter().any(|x| x.starts_with(p));
+    let supply = ty == "Power Supply"
+        || has("psu")
+        || has("ps")
+        || lname.contains("power supply")
+        || words.iter().any(|w| {
+            w.strip_prefix("psu")
+                .or_else(|| w.strip_prefix("ps"))
+                .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        });
+    let location = if supply {
+        Some("power_supply")
+    } else if starts("cpu") || has("proc") || has("processor") || has("soc") {
+        Some("cpu")
+    } else if starts("gpu") {
+        Some("gpu")
+    } else if has("mem") || has("memory") || starts("dimm") {
+        Some("memory")
+    } else if starts("fan") {
+        Some("fan")
+    } else if has("inlet") || has("ambient") || has("intake") {
+        Some("intake")
+    } else {
+        None
+    };
+    let scope = if supply {
+        if has("out") || has("output") {
+            Scope::SupplyOutput
+        } else {
+            Scope::Auto
+        }
+    } else if location.is_none()
+        && (has("total")
+            || has("system")
+            || has("sys")
+            || has("consumption")
+            || has("node")
+            || has("avg")
+            || words == ["power"])
+    {
+        Scope::Host
+    } else {
+        Scope::Auto
+    };
+    (location.map(str::to_string), scope)
 }
 
 /// One read: the tool under the timeout (again with a fresh SDR cache if the cache is stale).

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::Walker;
 use super::map::{self, Chassis, Out, Owner, Part, link, strip, text};
-use crate::model::bmc::Component;
+use crate::model::bmc::{Component, Quantity, Scope};
 use crate::model::lock;
 
 /// The links of a chassis that lead to temperatures or fans.
@@ -36,10 +36,15 @@ impl Walker {
             .and_then(Value::as_str)
             .map(|s| ids.of(strip(s)));
         let chassis = match gpu {
-            Some(u) => Chassis { id: u, gpu: true },
+            Some(u) => Chassis {
+                id: u,
+                gpu: true,
+                host: false,
+            },
             None => Chassis {
                 id: ids.of(url),
                 gpu: false,
+                host: map::is_host(doc),
             },
         };
         let component = Component {
@@ -110,6 +115,7 @@ impl Walker {
             .unwrap_or_else(|| Chassis {
                 id: ids.of(&url),
                 gpu: false,
+                host: map::is_host(&doc),
             });
         let id = chassis.id.as_str();
         // What the newer resources give this chassis, and which kinds its tree holds.
@@ -165,7 +171,22 @@ impl Walker {
                 name: text(&doc, "Name").unwrap_or(&url),
                 parent: None,
             };
-            out.extend(map::environment(&env, owner));
+            let mut env = map::environment(&env, owner);
+            // A chassis' power and energy: the host's total, a GPU's (the BMC's copy), or a
+            // sub-total of what it holds.
+            let scope = if chassis.host {
+                Scope::Host
+            } else if chassis.gpu {
+                Scope::Auto
+            } else {
+                Scope::Aside
+            };
+            for (_, r) in &mut env.excerpts {
+                if matches!(r.quantity, Quantity::Power | Quantity::Energy) {
+                    r.scope = scope;
+                }
+            }
+            out.extend(env);
         }
         if let Some(ps) = link(&doc, "PowerSubsystem")
             && let Some(sub) = self.get(&ps).await
@@ -181,7 +202,7 @@ impl Walker {
                 out.extend(map::power_supply(ids, &u, &d, id, metrics.as_ref()));
             }
         }
-        self.legacy(&doc, id, &mut out, &mut present).await;
+        self.legacy(&doc, &chassis, &mut out, &mut present).await;
         // A chassis with temperatures or fans in its tree and none read.
         let read = out.kinds();
         if (present.temperature || present.fan) && !read.temperature && !read.fan {
@@ -203,11 +224,12 @@ impl Walker {
     async fn legacy(
         self: &Arc<Self>,
         doc: &Value,
-        id: &str,
+        chassis: &Chassis,
         out: &mut Out,
         present: &mut map::Kinds,
     ) {
         let ids = self.ids();
+        let id = chassis.id.as_str();
         let given = out.kinds();
         if (!given.temperature || !given.fan)
             && let Some(t) = link(doc, "Thermal")
@@ -228,7 +250,7 @@ impl Walker {
             && let Some(p) = link(doc, "Power")
             && let Some(pw) = self.get(&p).await
         {
-            let legacy = map::legacy_power(ids, &pw, id);
+            let legacy = map::legacy_power(ids, &pw, chassis);
             if !given.power {
                 out.readings.extend(legacy.power);
             }

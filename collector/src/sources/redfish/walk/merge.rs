@@ -8,7 +8,7 @@ use super::super::client::Error;
 use super::Walked;
 use super::map;
 use super::map::{Chassis, Out};
-use crate::model::bmc::{Component, Poll, Quantity, Reading};
+use crate::model::bmc::{Component, Poll, Quantity, Reading, Scope};
 
 /// What a walk has gathered so far.
 #[derive(Default)]
@@ -62,11 +62,19 @@ impl Acc {
             return Err(e);
         }
         let mut keys: HashSet<Key> = self.readings.iter().map(key).collect();
+        let ids = map::Ids(target);
+        // Sensors an excerpt of the host's total mirrors: the host's total too.
+        let mut host_sensors = HashSet::new();
         for (source, mut r) in self.excerpts {
             if let Some(src) = &source {
                 match self.sensors.get(src) {
                     // Its sensor was read with a value: reported once, as the sensor.
-                    Some((_, true)) => continue,
+                    Some((_, true)) => {
+                        if r.scope == Scope::Host {
+                            host_sensors.insert(ids.of(src));
+                        }
+                        continue;
+                    }
                     // Its sensor gave no reading (no units): the excerpt is what there is,
                     // named as the sensor is (a thermal margin is then known as one).
                     Some((name, false)) => {
@@ -85,6 +93,25 @@ impl Acc {
             }
             if keys.insert(key(&r)) {
                 self.readings.push(r);
+            }
+        }
+        // A reading about one of this node's GPUs (an excerpt of its chassis' metrics) is
+        // its own component, on the GPU: the GPU's hw.id is NVML's series' alone.
+        let gpus: HashSet<&str> = self
+            .chassis
+            .values()
+            .filter(|c| c.gpu)
+            .map(|c| c.id.as_str())
+            .collect();
+        for r in &mut self.readings {
+            if host_sensors.contains(&r.id) {
+                r.scope = Scope::Host;
+            }
+            if gpus.contains(r.id.as_str()) {
+                let gpu = std::mem::take(&mut r.id);
+                r.id = format!("{target}:{gpu}/{}", r.name);
+                r.hw_type = r.quantity.sensor_type().into();
+                r.parent = Some(gpu);
             }
         }
         Ok(Walked {

@@ -11,6 +11,7 @@ fn board() -> Chassis {
     Chassis {
         id: "bmc1:/Chassis/1".into(),
         gpu: false,
+        host: true,
     }
 }
 
@@ -63,10 +64,15 @@ fn a_sensor_of_a_board_and_of_a_gpu() {
     let gpu = Chassis {
         id: "GPU-1".into(),
         gpu: true,
+        host: false,
     };
+    // A sensor on one of this node's GPUs is its own component, on the GPU.
     let r = map::sensor(IDS, "/redfish/v1/Chassis/G/Sensors/T", &doc, &gpu).expect("a reading");
-    assert_eq!((r.id.as_str(), r.hw_type.as_str()), ("GPU-1", "gpu"));
-    assert_eq!(r.parent, None);
+    assert_eq!(
+        (r.id.as_str(), r.hw_type.as_str()),
+        ("bmc1:/Chassis/G/Sensors/T", "temperature")
+    );
+    assert_eq!(r.parent.as_deref(), Some("GPU-1"));
     // No reading, no sensor.
     let absent = json!({"Name": "Battery", "ReadingType": "Temperature", "Reading": null});
     assert!(map::sensor(IDS, "/x", &absent, &board()).is_none());
@@ -142,6 +148,7 @@ fn leak_states_and_report_owners() {
         (c == "/redfish/v1/Chassis/GPU_0").then(|| Chassis {
             id: "GPU-0".into(),
             gpu: true,
+            host: false,
         })
     });
     assert_eq!(out.excerpts.len(), 1);
@@ -151,8 +158,13 @@ fn leak_states_and_report_owners() {
         Some("/redfish/v1/Chassis/GPU_0/Sensors/GPU_0_Temp_0")
     );
     assert_eq!(
-        (r.id.as_str(), r.quantity, r.value),
-        ("GPU-0", Quantity::Temperature, 41.0)
+        (r.id.as_str(), r.parent.as_deref(), r.quantity, r.value),
+        (
+            "bmc1:/Chassis/GPU_0/Sensors/GPU_0_Temp_0",
+            Some("GPU-0"),
+            Quantity::Temperature,
+            41.0
+        )
     );
 }
 
@@ -195,7 +207,7 @@ fn legacy_power_by_kind_and_margins_are_not_temperatures() {
             "Name": "CPU1 VCORE", "ReadingVolts": 1.8, "UpperThresholdCritical": 2.1},
             {"Name": "Absent rail", "ReadingVolts": null}]
     });
-    let p = map::legacy_power(IDS, &pw, "bmc1:/Chassis/1");
+    let p = map::legacy_power(IDS, &pw, &board());
     let power: Vec<_> = p.power.iter().map(|r| (r.name.as_str(), r.value)).collect();
     assert_eq!(
         power,

@@ -182,26 +182,17 @@ pub fn thermal_metrics(ids: Ids<'_>, url: &str, doc: &Value, chassis: &Chassis) 
         let name = text(e, "DeviceName")
             .or_else(|| e.get("DataSourceUri").and_then(Value::as_str))
             .unwrap_or("temperature");
-        let rid;
-        let owner = if chassis.gpu {
-            Owner {
-                id: &chassis.id,
-                hw_type: "gpu",
-                name,
-                parent: None,
-            }
-        } else {
-            let src = e
-                .get("DataSourceUri")
-                .and_then(Value::as_str)
-                .unwrap_or(url);
-            rid = ids.of(strip(src));
-            Owner {
-                id: &rid,
-                hw_type: "temperature",
-                name,
-                parent: Some(&chassis.id),
-            }
+        // Each reading is its sensor's (on a GPU's chassis too: hw.parent is then the GPU).
+        let src = e
+            .get("DataSourceUri")
+            .and_then(Value::as_str)
+            .unwrap_or(url);
+        let rid = ids.of(strip(src));
+        let owner = Owner {
+            id: &rid,
+            hw_type: "temperature",
+            name,
+            parent: Some(&chassis.id),
         };
         out.value(
             Some(e),
@@ -251,5 +242,6 @@ fn leak_reading(id: &str, name: &str, parent: &str, state: &str) -> Reading {
         point: None,
         thresholds: Vec::new(),
         state: None,
+        scope: Default::default(),
     }
 }

@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
-use super::{Ids, array, health, num, temperature, text};
-use crate::model::bmc::{self, Component, Quantity, Reading};
+use super::{Chassis, Ids, array, health, num, temperature, text};
+use crate::model::bmc::{self, Component, Quantity, Reading, Scope};
 
 /// A legacy `Thermal` resource of the chassis `parent`: its temperatures and fans.
 pub fn legacy_thermal(ids: Ids<'_>, th: &Value, parent: &str) -> Vec<Reading> {
@@ -97,6 +97,7 @@ fn legacy_reading(
         point: None,
         state: Reading::level(value, &thresholds, health(entry)),
         thresholds,
+        scope: Default::default(),
     }
 }
 
@@ -115,7 +116,16 @@ pub struct LegacyPower {
 }
 
 /// A legacy `Power` resource of the chassis `parent`.
-pub fn legacy_power(ids: Ids<'_>, doc: &Value, parent: &str) -> LegacyPower {
+pub fn legacy_power(ids: Ids<'_>, doc: &Value, chassis: &Chassis) -> LegacyPower {
+    let parent = chassis.id.as_str();
+    // PowerControl is the chassis' total: the host's, a GPU's, or a sub-total.
+    let total = if chassis.host {
+        Scope::Host
+    } else if chassis.gpu {
+        Scope::Auto
+    } else {
+        Scope::Aside
+    };
     let mut out = LegacyPower {
         power: Vec::new(),
         voltage: Vec::new(),
@@ -129,14 +139,16 @@ pub fn legacy_power(ids: Ids<'_>, doc: &Value, parent: &str) -> LegacyPower {
             .and_then(num);
         if let Some(w) = c.get("PowerConsumedWatts").and_then(num) {
             let thresholds = limit.map(|l| vec![("power_limit", l)]).unwrap_or_default();
-            out.power.push(legacy_reading(
+            let mut r = legacy_reading(
                 ids,
                 c,
                 name.clone(),
                 parent,
                 (Quantity::Power, w, "W"),
                 thresholds,
-            ));
+            );
+            r.scope = total;
+            out.power.push(r);
         }
         let metrics = c.get("PowerMetrics");
         for (key, what) in [
@@ -145,14 +157,17 @@ pub fn legacy_power(ids: Ids<'_>, doc: &Value, parent: &str) -> LegacyPower {
             ("MaxConsumedWatts", "maximum"),
         ] {
             if let Some(w) = metrics.and_then(|m| m.get(key)).and_then(num) {
-                out.power.push(legacy_reading(
+                let mut r = legacy_reading(
                     ids,
                     c,
                     format!("{name} ({what})"),
                     parent,
                     (Quantity::Power, w, "W"),
                     Vec::new(),
-                ));
+                );
+                // An interval statistic of the same draw: never summed with it.
+                r.scope = Scope::Aside;
+                out.power.push(r);
             }
         }
     }
@@ -177,7 +192,7 @@ pub fn legacy_power(ids: Ids<'_>, doc: &Value, parent: &str) -> LegacyPower {
             ("LineInputVoltage", "input", Quantity::Voltage),
         ] {
             if let Some(v) = p.get(key).and_then(num) {
-                let r = legacy_reading(
+                let mut r = legacy_reading(
                     ids,
                     p,
                     format!("{name} ({what})"),
@@ -185,6 +200,10 @@ pub fn legacy_power(ids: Ids<'_>, doc: &Value, parent: &str) -> LegacyPower {
                     (q, v, if q == Quantity::Voltage { "V" } else { "W" }),
                     Vec::new(),
                 );
+                r.hw_type = "power_supply".into();
+                if key == "PowerOutputWatts" {
+                    r.scope = Scope::SupplyOutput;
+                }
                 if q == Quantity::Voltage {
                     out.voltage.push(r);
                 } else {

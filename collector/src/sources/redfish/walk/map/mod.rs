@@ -67,13 +67,40 @@ impl Ids<'_> {
 }
 
 /// A chassis as the walk knows it: its `hw.id` (a GPU's UUID where the chassis is a GPU the
-/// NVML inventory names) and whether it is a GPU.
+/// NVML inventory names), whether it is a GPU, and whether it is the host itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chassis {
     /// `hw.id`.
     pub id: String,
     /// Whether it is one of this node's GPUs.
     pub gpu: bool,
+    /// Whether its totals are the whole host's (see [`is_host`]).
+    pub host: bool,
+}
+
+/// Chassis types of a whole server (DSP0268 `ChassisType`): a root chassis of one of these
+/// is the host, and its power and energy totals are `hw.host.*`. A GPU baseboard (`Zone`,
+/// `Module`), a CDU or a rack is not.
+const HOST_TYPES: [&str; 8] = [
+    "RackMount",
+    "Blade",
+    "Sled",
+    "StandAlone",
+    "Tower",
+    "Desktop",
+    "Enclosure",
+    "Drawer",
+];
+
+/// Whether a chassis document is the host: a root chassis (no `ContainedBy`) of a server's
+/// type.
+pub fn is_host(doc: &Value) -> bool {
+    let contained = doc
+        .get("Links")
+        .and_then(|l| l.get("ContainedBy"))
+        .and_then(|c| c.get("@odata.id"))
+        .is_some();
+    !contained && text(doc, "ChassisType").is_some_and(|t| HOST_TYPES.contains(&t))
 }
 
 /// Who a reading belongs to.
@@ -224,6 +251,7 @@ impl Out {
                 point,
                 thresholds: Vec::new(),
                 state: None,
+                scope: Default::default(),
             },
         ));
     }
@@ -305,15 +333,13 @@ pub fn sensor(ids: Ids<'_>, url: &str, doc: &Value, chassis: &Chassis) -> Option
     } else {
         quantity
     };
-    let (id, hw_type, parent) = if chassis.gpu {
-        (chassis.id.clone(), "gpu".to_string(), None)
-    } else {
-        (
-            ids.of(url),
-            quantity.sensor_type().to_string(),
-            Some(chassis.id.clone()),
-        )
-    };
+    // The sensor is a component of its own, on its chassis (a GPU's UUID for one of this
+    // node's GPUs: the join to NVML's series goes through hw.parent).
+    let (id, hw_type, parent) = (
+        ids.of(url),
+        quantity.sensor_type().to_string(),
+        Some(chassis.id.clone()),
+    );
     Some(Reading {
         id,
         hw_type,
@@ -326,6 +352,7 @@ pub fn sensor(ids: Ids<'_>, url: &str, doc: &Value, chassis: &Chassis) -> Option
         point: None,
         state: Reading::level(value, &thresholds, health(doc)),
         thresholds,
+        scope: Default::default(),
     })
 }
 

@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::{Ids, Origin, Out, Owner, Prop, prop, text};
-use crate::model::bmc::Quantity;
+use crate::model::bmc::{Quantity, Scope};
 
 const SUPPLY_METRICS: &[Prop] = &[
     prop("InputPowerWatts", Quantity::Power, 1.0),
@@ -36,7 +36,13 @@ pub fn power_supply(
             name: &label,
             parent: Some(parent),
         };
+        let before = out.excerpts.len();
         out.props(m, owner, std::slice::from_ref(p), Origin::Mirror);
+        if p.key == "OutputPowerWatts" {
+            for (_, r) in &mut out.excerpts[before..] {
+                r.scope = Scope::SupplyOutput;
+            }
+        }
     }
     out
 }

@@ -50,9 +50,8 @@ pub fn metric_report(
             .and_then(|r| r.split('/').next())
             .and_then(|c| chassis(&format!("/redfish/v1/Chassis/{c}")));
         let (id, t, parent) = match owner {
-            Some(Chassis { id, gpu: true }) => (id, "gpu", None),
-            Some(Chassis { id, gpu: false }) => (ids.of(&uri), "sensor", Some(id)),
-            None => (ids.of(&uri), "sensor", None),
+            Some(Chassis { id, .. }) => (ids.of(&uri), quantity.sensor_type(), Some(id)),
+            None => (ids.of(&uri), quantity.sensor_type(), None),
         };
         out.excerpts.push((
             Some(uri),
@@ -68,6 +67,7 @@ pub fn metric_report(
                 point: None,
                 thresholds: Vec::new(),
                 state: None,
+                scope: Default::default(),
             },
         ));
     }
