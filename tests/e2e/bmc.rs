@@ -16,7 +16,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// DMTF's and NVIDIA's Redfish mockups, read where they are kept (`../shared/fixtures`).
-fn shared_redfish() -> PathBuf {
+pub(crate) fn shared_redfish() -> PathBuf {
     testkit::shared().join("fixtures/redfish")
 }
 
@@ -56,7 +56,7 @@ pub(crate) fn once(config_text: &str) -> (bool, String, String) {
     )
 }
 
-fn redfish_target(name: &str, url: &str, extra: &str) -> String {
+pub(crate) fn redfish_target(name: &str, url: &str, extra: &str) -> String {
     format!("\n[[sources.redfish.targets]]\nname = {name:?}\nurl = {url:?}\n{extra}\n")
 }
 
@@ -110,12 +110,12 @@ fn sensor_metric(doc: &Value) -> (&'static str, f64) {
 
 /// Where a power (energy) sensor's reading goes by its physical context, so that no sum over
 /// `hw_power_watts` counts anything twice: one component's own draw there, a GPU's (NVML
-/// reports it) and whatever sums others in `bmc_power_watts`. (A host chassis' total, in
+/// reports it) and whatever sums others (a supply's input too) in `bmc_power_watts`. (A host chassis' total, in
 /// `hw_host_power_watts`, is checked apart.)
 fn power_metric(ctx: &str, energy: bool) -> &'static str {
     let own = matches!(
         ctx,
-        "CPU" | "Memory" | "PowerSupply" | "Fan" | "StorageDevice" | "NetworkingDevice" | "Battery"
+        "CPU" | "Memory" | "Fan" | "StorageDevice" | "NetworkingDevice" | "Battery"
     );
     match (own, energy) {
         (true, false) => "hw_power_watts",
@@ -155,7 +155,11 @@ fn check_tree(target: &str, dir: &Path, series: &[Series]) -> usize {
     // The sensors a host chassis' totals name (a root chassis of a server's type, DSP0268
     // ChassisType): the host's power and energy.
     let mut host_sources = std::collections::HashSet::new();
-    for e in std::fs::read_dir(dir.join("Chassis")).into_iter().flatten().flatten() {
+    for e in std::fs::read_dir(dir.join("Chassis"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let read = |p: PathBuf| -> Value {
             serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_default())
                 .unwrap_or(Value::Null)
@@ -223,12 +227,7 @@ fn check_tree(target: &str, dir: &Path, series: &[Series]) -> usize {
                 }
             } else if ty.starts_with("#CoolantConnector.") {
                 for (key, metric, point, f) in [
-                    (
-                        "FlowLitersPerMinute",
-                        "cooling_flow_L_per_min",
-                        None,
-                        1.0,
-                    ),
+                    ("FlowLitersPerMinute", "cooling_flow_L_per_min", None, 1.0),
                     (
                         "SupplyTemperatureCelsius",
                         "cooling_coolant_temperature_celsius",
@@ -379,11 +378,7 @@ fn dmtf_and_dgx_mockups_every_exported_value_equals_the_tree() {
                 if let Some(want) = num(&t[json_key]) {
                     let mut l = labels.to_vec();
                     l.push(("hw_limit_type", threshold));
-                    assert_eq!(
-                        value(&series, limit, &l),
-                        Some(want),
-                        "{name} {threshold}"
-                    );
+                    assert_eq!(value(&series, limit, &l), Some(want), "{name} {threshold}");
                 }
             }
             legacy += 1;
@@ -436,7 +431,7 @@ fn members(base: &str, names: &[&str]) -> Value {
 
 /// A tree written here, modelled on the mockups, with every quirk the source handles and a
 /// GPU chassis carrying the simulator's first GPU's serial number.
-fn project_tree(gpu_serial: &str) -> PathBuf {
+pub(crate) fn project_tree(gpu_serial: &str) -> PathBuf {
     let dir = support::temp_dir().join("tree");
     let r = "/redfish/v1";
     write(
@@ -474,7 +469,15 @@ fn project_tree(gpu_serial: &str) -> PathBuf {
         members(
             &s,
             &[
-                "Inlet", "Flow", "NoType", "Broken", "DupA", "DupB", "Pressure",
+                "Inlet",
+                "Flow",
+                "NoType",
+                "Broken",
+                "DupA",
+                "DupB",
+                "Pressure",
+                "CPU0Power",
+                "PSU0Input",
             ],
         ),
     );
@@ -533,6 +536,23 @@ fn project_tree(gpu_serial: &str) -> PathBuf {
     );
     dup_b["Name"] = json!("DupB");
     write(&dir, "Chassis/Rack1/Sensors/DupB", dup_b);
+    // One component's own draw (a CPU's), and a supply's input (which holds it).
+    write(
+        &dir,
+        "Chassis/Rack1/Sensors/CPU0Power",
+        sensor(
+            "CPU0Power",
+            json!({"Reading": 182.5, "ReadingType": "Power", "ReadingUnits": "W", "PhysicalContext": "CPU"}),
+        ),
+    );
+    write(
+        &dir,
+        "Chassis/Rack1/Sensors/PSU0Input",
+        sensor(
+            "PSU0Input",
+            json!({"Reading": 2950, "ReadingType": "Power", "ReadingUnits": "W", "PhysicalContext": "PowerSupply"}),
+        ),
+    );
     // Pascals, above its caution threshold.
     write(
         &dir,
@@ -1545,7 +1565,11 @@ fn ipmi_thresholds_equal_ipmitool_and_a_leak_is_critical() {
             compared += 1;
             // A temperature's thresholds as the conventions name them; the rest Junction's.
             let (metric, label, t) = if unit == "degrees C" {
-                ("hw_temperature_limit_celsius", "hw_limit_type", spec_limit(t))
+                (
+                    "hw_temperature_limit_celsius",
+                    "hw_limit_type",
+                    spec_limit(t),
+                )
             } else {
                 ("bmc_sensor_threshold", "bmc_threshold", t)
             };
@@ -1591,11 +1615,7 @@ fn ipmi_thresholds_equal_ipmitool_and_a_leak_is_critical() {
                 ("cooling_leak_state", "critical"),
             ],
         ) == Some(1.0)
-            && value(
-                &s,
-                "cooling_flow_L_per_min",
-                &[("hw_name", "Coolant Flow")],
-            ) == Some(25.0)
+            && value(&s, "cooling_flow_L_per_min", &[("hw_name", "Coolant Flow")]) == Some(25.0)
     });
     assert_eq!(
         value(

@@ -97,7 +97,10 @@ fn is_metric(name: &str, metric: &str) -> bool {
     match metric {
         POWER => matches!(
             name,
-            "hw_power_watts" | "hw_host_power_watts" | "bmc_power_watts" | "hw_power_supply_usage_watts"
+            "hw_power_watts"
+                | "hw_host_power_watts"
+                | "bmc_power_watts"
+                | "hw_power_supply_usage_watts"
         ),
         ENERGY => matches!(
             name,

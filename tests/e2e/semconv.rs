@@ -125,8 +125,15 @@ fn spec() -> Spec {
     }
     let mut metrics = BTreeMap::new();
     for d in &docs {
-        for m in d["metrics"].as_vec().into_iter().flatten() {
-            let Some(name) = m["name"].as_str() else {
+        // Two shapes: `metrics:` entries with `name`, and `groups:` of `type: metric` with
+        // `metric_name` (host-metrics.yaml), whose attributes come from `extends`.
+        let grouped = d["groups"]
+            .as_vec()
+            .into_iter()
+            .flatten()
+            .filter(|g| g["type"].as_str() == Some("metric"));
+        for m in d["metrics"].as_vec().into_iter().flatten().chain(grouped) {
+            let Some(name) = m["name"].as_str().or_else(|| m["metric_name"].as_str()) else {
                 continue;
             };
             let refs: Vec<(String, String)> = attr_list(&m["attributes"])
@@ -137,6 +144,10 @@ fn spec() -> Spec {
                     (None, None) => (String::new(), l),
                 })
                 .collect();
+            let mut refs = refs;
+            if let Some(e) = m["extends"].as_str() {
+                refs.push((format!("group:{e}"), String::new()));
+            }
             let mut attrs = BTreeMap::new();
             expand(&groups, &refs, &mut attrs);
             metrics.insert(
@@ -253,6 +264,223 @@ fn every_enumerated_value_on_the_simulated_node_is_the_specs() {
         wrong.is_empty(),
         "{}",
         wrong.into_iter().collect::<Vec<_>>().join("\n")
+    );
+    assert!(agent.terminate().success());
+}
+
+/// `sum by (hw_type)` of a query's samples, from Prometheus' answer.
+fn sums_by_type(prom: &support::prometheus::Prometheus, expr: &str) -> BTreeMap<String, f64> {
+    let res = prom.result(expr).expect("query");
+    res.as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["metric"]["hw_type"].as_str().unwrap_or("").to_string(),
+                r["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(f64::NAN),
+            )
+        })
+        .collect()
+}
+
+/// One component's own draw by its Redfish physical context, as the conventions' `hw.type`
+/// (written out here on its own): the kinds that hold no other component.
+fn own_draw_type(context: &str) -> Option<&'static str> {
+    Some(match context {
+        "CPU" => "cpu",
+        "Memory" => "memory",
+        "Fan" => "fan",
+        "StorageDevice" => "physical_disk",
+        "NetworkingDevice" => "network",
+        "Battery" => "battery",
+        _ => return None,
+    })
+}
+
+/// The power sensors of a served tree that are one component's own draw, summed by type:
+/// those discovery reaches (members of a collection; a mockup may hold a sensor only a
+/// processor's EnvironmentMetrics names).
+fn own_draw_in_tree(dir: &std::path::Path, sums: &mut BTreeMap<String, f64>) {
+    let mut docs = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(doc) = serde_json::from_str::<serde_json::Value>(
+                &std::fs::read_to_string(&p).unwrap_or_default(),
+            ) {
+                docs.push(doc);
+            }
+        }
+    }
+    let members: BTreeSet<&str> = docs
+        .iter()
+        .flat_map(|d| d["Members"].as_array().into_iter().flatten())
+        .filter_map(|m| m["@odata.id"].as_str())
+        .collect();
+    for doc in &docs {
+        let sensor = doc["@odata.type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("#Sensor."));
+        let reached = doc["@odata.id"]
+            .as_str()
+            .is_some_and(|i| members.contains(i));
+        if sensor
+            && reached
+            && doc["ReadingType"] == "Power"
+            && let (Some(t), Some(v)) = (
+                doc["PhysicalContext"].as_str().and_then(own_draw_type),
+                doc["Reading"].as_f64(),
+            )
+        {
+            *sums.entry(t.to_string()).or_default() += v;
+        }
+    }
+}
+
+/// The conventions' sums on the simulated node with its BMCs, through a real Prometheus:
+/// `sum by (hw_type)` of `hw_power_watts` is the scenario's GPUs (NVML, each once: no BMC
+/// copy of a GPU's draw, no chassis or host total, no supply's input) plus what the BMCs
+/// report of components that hold no other; the host's total is `hw_host_power_watts`; the
+/// rate of `hw_errors_total` by type is the scenario's volatile ECC rate, not doubled by the
+/// lifetime count.
+#[test]
+fn sums_by_hw_type_count_each_gpu_once_with_the_bmcs() {
+    use crate::bmc::{config, project_tree, redfish_target, shared_redfish};
+    use crate::support::bmc as sbmc;
+    let Some(tool) = sbmc::venv_tool("sushy-static") else {
+        return;
+    };
+    // The first GPU's serial, for the tree whose GPU chassis the BMC shares with NVML.
+    let mut agent = Agent::start("bmc-sums.toml", "current");
+    let body = agent.wait_for(Duration::from_secs(30), |m| m.contains("gpu_info{"));
+    agent.terminate();
+    let serial = parse(&body)
+        .into_iter()
+        .find(|s| s.name == "gpu_info" && s.labels["gpu_index"] == "0")
+        .map(|s| s.labels["hw_serial_number"].clone())
+        .expect("gpu 0");
+    let trees = [
+        ("dgx", shared_redfish().join("nvidia-dgx-h100/redfish/v1")),
+        (
+            "1u",
+            shared_redfish().join("dmtf-public-liquid-cooled-server"),
+        ),
+        ("rack", project_tree(&serial)),
+    ];
+    let servers: Vec<_> = trees
+        .iter()
+        .map(|(_, d)| sbmc::sushy_static(&tool, d))
+        .collect();
+    let mut sections = String::new();
+    for ((name, _), s) in trees.iter().zip(&servers) {
+        sections.push_str(&redfish_target(
+            name,
+            &format!("http://127.0.0.1:{}", s.port),
+            "interval_secs = 5\n",
+        ));
+    }
+    let port = support::free_port();
+    let mut agent = Agent::spawn_config("bmc-sums.toml", &config(&sections, true, port));
+    // Every target's whole tree read (the DGX's eight GPU readings and the shared GPU's).
+    let complete = |m: &str| {
+        m.contains("hw_host_power_watts{")
+            && m.contains("rack:/Chassis/Rack1/Sensors/CPU0Power")
+            && m.lines()
+                .filter(|l| l.starts_with("bmc_power_watts{") && l.contains("hw_type=\"gpu\""))
+                .count()
+                >= 9
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = support::scrape(port, Duration::from_secs(5)).unwrap_or_default();
+        if complete(&m) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the BMCs' trees not read within 60 s:\n{}",
+            m.lines()
+                .filter(|l| l.contains("power_watts{") || l.starts_with("junction_target"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let Some(prom) = support::prometheus::Prometheus::start(port, None) else {
+        return;
+    };
+    // The scenario: 300 + 350 + 400 + 450 W; corrected volatile errors at 1, 1, 1, 2 a second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let (power, errors) = loop {
+        let power = sums_by_type(&prom, "sum by (hw_type) (hw_power_watts)");
+        let errors = sums_by_type(
+            &prom,
+            "sum by (hw_type) (rate(hw_errors_total{error_type=\"corrected\"}[20s]))",
+        );
+        let ready = power.contains_key("gpu")
+            && errors.get("gpu").is_some_and(|r| r.is_finite() && *r > 0.0)
+            // The series older than the rate's window (rate() does not extrapolate far
+            // past a series' first sample).
+            && prom.result("count_over_time(hw_errors_total[40s])").is_ok_and(|r| {
+                r.as_array()
+                    .and_then(|a| a.first())
+                    .and_then(|x| x["value"][1].as_str())
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(|n| n >= 25.0)
+            });
+        if ready || std::time::Instant::now() > deadline {
+            break (power, errors);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let mut want = BTreeMap::from([("gpu".to_string(), 1500.0)]);
+    for (_, dir) in &trees {
+        own_draw_in_tree(dir, &mut want);
+    }
+    assert!(
+        want.len() > 1,
+        "the BMCs report a component's own draw: {want:?}"
+    );
+    let scraped = support::scrape(port, Duration::from_secs(5)).unwrap_or_default();
+    let lines: Vec<&str> = scraped
+        .lines()
+        .filter(|l| l.starts_with("hw_power_watts{") || l.starts_with("bmc_power_watts{"))
+        .collect();
+    assert_eq!(
+        power.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{power:?}\n{}",
+        lines.join("\n")
+    );
+    for (t, w) in &want {
+        assert!(
+            (power[t] - w).abs() < 1e-6,
+            "sum by (hw_type) (hw_power_watts){{hw_type={t:?}}} is {}, want {w}",
+            power[t]
+        );
+    }
+    // The errors: 5 a second over the node, each counted once.
+    assert_eq!(errors.keys().collect::<Vec<_>>(), ["gpu"], "{errors:?}");
+    assert!(
+        (errors["gpu"] - 5.0).abs() < 0.5,
+        "rate of hw_errors_total: {errors:?}"
+    );
+    // The host's total where the conventions put it, and the BMC's copies of GPUs apart.
+    let host = sums_by_type(&prom, "sum by (hw_type) (hw_host_power_watts)");
+    assert_eq!(host.get("enclosure"), Some(&374.0), "{host:?}");
+    let copies = prom
+        .result("count(bmc_power_watts{hw_type=\"gpu\"})")
+        .expect("query");
+    assert_eq!(
+        copies[0]["value"][1].as_str(),
+        Some("17"),
+        "the DGX's sixteen GPU readings (board and DRAM of eight GPUs) and the shared GPU's: {copies}"
     );
     assert!(agent.terminate().success());
 }

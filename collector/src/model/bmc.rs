@@ -193,9 +193,10 @@ pub struct Reading {
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
     /// Decided by what it is about: one component's own draw (`hw.power{hw.type}` where its
-    /// physical context or owner names a component type of the conventions), the BMC's copy
-    /// of a GPU's (NVML reports the GPU: `bmc.power{hw.type=gpu}`), or anything else
-    /// (`bmc.power`).
+    /// physical context or owner names a component type of the conventions that holds no
+    /// other: cpu, memory, fan, disk, network, battery), the BMC's copy of a GPU's (NVML
+    /// reports the GPU: `bmc.power{hw.type=gpu}`), a supply's input (everything the host
+    /// draws: `bmc.power{hw.type=power_supply}`), or anything else (`bmc.power`).
     #[default]
     Auto,
     /// The whole host (the host chassis' EnvironmentMetrics or PowerControl, an IPMI
@@ -565,6 +566,8 @@ fn power_metric(r: &Reading, energy: bool, about_gpu: bool) -> (Metric, Option<&
         Scope::SupplyOutput if !energy => (Metric::PowerSupplyUsage, Some("power_supply")),
         Scope::SupplyOutput | Scope::Aside => (aside, None),
         Scope::Auto if about_gpu || consumer == Some("gpu") => (aside, Some("gpu")),
+        // A supply's input is everything the host draws through it.
+        Scope::Auto if consumer == Some("power_supply") => (aside, Some("power_supply")),
         Scope::Auto => match consumer {
             Some(t) => (own, Some(t)),
             None => (aside, None),
@@ -727,7 +730,7 @@ mod tests {
         let one = |id: &str| routed(&s, id);
         assert_eq!(one("host"), [("hw.host.power", "enclosure".into())]);
         assert_eq!(one("avg"), [("bmc.power", "power".into())]);
-        assert_eq!(one("psu"), [("hw.power", "power_supply".into())]);
+        assert_eq!(one("psu"), [("bmc.power", "power_supply".into())]);
         assert_eq!(
             one("psu-out"),
             [("hw.power_supply.usage", "power_supply".into())]
@@ -792,7 +795,10 @@ mod tests {
         assert_eq!(state("t", Metric::Status, "hw.state"), ["degraded"]);
         assert!(state("t", Metric::SensorState, "bmc.sensor.state").is_empty());
         // Flow has no family in the conventions: it keeps Junction's own.
-        assert_eq!(state("f", Metric::SensorState, "bmc.sensor.state"), ["warning"]);
+        assert_eq!(
+            state("f", Metric::SensorState, "bmc.sensor.state"),
+            ["warning"]
+        );
         assert!(state("f", Metric::Status, "hw.state").is_empty());
     }
 

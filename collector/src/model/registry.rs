@@ -147,11 +147,11 @@ registry! {
     Bar1Limit = "gpu.bar1.limit", "By", UpDownCounter, [], Memory,
         "nvmlDeviceGetBAR1MemoryInfo", "Total BAR1 memory.";
     Power = "hw.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Power,
-        "nvmlDeviceGetPowerUsage (mW); Redfish Sensor (Power), PowerSupplyMetrics.InputPowerWatts; IPMI sensors in W", "Power drawn by one component: a GPU's board (NVML), or what a BMC reports of one component that is not a GPU (hw.type from its physical context: cpu, memory, power_supply input, fan, …; with junction.target). Each component once: the host's total is hw.host.power, a BMC's copy of a GPU's draw and sub-totals bmc.power.";
+        "nvmlDeviceGetPowerUsage (mW); Redfish Sensor (Power); IPMI sensors in W", "Power drawn by one component: a GPU's board (NVML), or what a BMC reports of one component that is not a GPU (hw.type from its physical context: cpu, memory, fan, physical_disk, network, battery; with junction.target). Each component once, none holding another: the host's total is hw.host.power, a supply's input, a BMC's copy of a GPU's draw and sub-totals bmc.power.";
     PowerLimit = "gpu.power.limit", "W", Gauge, ["gpu.power.limit_type"], Power,
         "nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetPowerManagementDefaultLimit, nvmlDeviceGetPowerManagementLimitConstraints", "Power limits: enforced, default, min, max.";
     Energy = "hw.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "junction.target"], Power,
-        "nvmlDeviceGetTotalEnergyConsumption (mJ); Redfish Sensor (EnergyJoules, EnergyWh, EnergykWh), PowerSupplyMetrics.EnergykWh", "Energy consumed since the driver was loaded (NVML), or a BMC's energy counter of one component that is not a GPU (as hw.power).";
+        "nvmlDeviceGetTotalEnergyConsumption (mJ); Redfish Sensor (EnergyJoules, EnergyWh, EnergykWh)", "Energy consumed since the driver was loaded (NVML), or a BMC's energy counter of one component that is not a GPU (as hw.power).";
     Temperature = "hw.temperature", "Cel", Gauge, ["hw.sensor_location", "hw.type", "hw.name", "hw.parent", "junction.target"], Temperature,
         "nvmlDeviceGetTemperatureV (gpu_die; nvmlDeviceGetTemperature on older drivers), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction); Redfish Sensor (Temperature), ThermalMetrics, legacy Thermal; IPMI temperature sensors", "GPU die and memory-junction (HBM) temperature from NVML; temperatures a BMC reports (with junction.target; hw.id is the sensor, hw.parent the GPU's UUID for a sensor on a GPU NVML reports).";
     TemperatureLimit = "hw.temperature.limit", "Cel", Gauge, ["hw.sensor_location", "hw.limit_type", "hw.type", "hw.name", "hw.parent", "junction.target"], Temperature,
@@ -339,9 +339,9 @@ registry! {
     HostEnergy = "hw.host.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
         "Redfish EnvironmentMetrics.EnergyJoules / EnergykWh of the host chassis", "Energy consumed by the whole host, as its BMC counts it.";
     PowerSupplyUsage = "hw.power_supply.usage", "W", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
-        "Redfish PowerSupplyMetrics.OutputPowerWatts, legacy PowerSupplies.PowerOutputWatts; IPMI power-supply output sensors", "Power a power supply delivers (its input, what it draws, is hw.power{hw.type=power_supply}).";
+        "Redfish PowerSupplyMetrics.OutputPowerWatts, legacy PowerSupplies.PowerOutputWatts; IPMI power-supply output sensors", "Power a power supply delivers (its input, which holds everything the host draws through it, is bmc.power{hw.type=power_supply}).";
     BmcPower = "bmc.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
-        "Redfish Sensor (Power), EnvironmentMetrics.PowerWatts and PowerControl of a chassis that is not the host; IPMI sensors in W", "A BMC power reading that another series already counts or that sums others: its copy of a GPU's draw (hw.type gpu; hw.parent the GPU where NVML reports it), a sub-total (a GPU baseboard, a chassis inside the host), an interval statistic, or a reading whose context names no one component.";
+        "Redfish Sensor (Power), EnvironmentMetrics.PowerWatts and PowerControl of a chassis that is not the host, PowerSupplyMetrics.InputPowerWatts; IPMI sensors in W", "A BMC power reading that another series already counts or that sums others: its copy of a GPU's draw (hw.type gpu; hw.parent the GPU where NVML reports it), a supply's input (hw.type power_supply), a sub-total (a GPU baseboard, a chassis inside the host), an interval statistic, or a reading whose context names no one component.";
     BmcEnergy = "bmc.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish Sensor (EnergyJoules, EnergyWh, EnergykWh) and EnvironmentMetrics of a GPU or a chassis that is not the host", "A BMC energy counter that another series already counts or that sums others (as bmc.power).";
     VoltageLimit = "hw.voltage.limit", "V", Gauge, ["hw.sensor_location", "hw.limit_type", "hw.type", "hw.name", "hw.parent", "junction.target"], Status,
@@ -645,7 +645,10 @@ mod tests {
         };
         assert_eq!(t("system.io", "By", Kind::Counter), "system_io_bytes_total");
         assert_eq!(t("speed", "m/s", Kind::Gauge), "speed_meters_per_second");
-        assert_eq!(t("cpu.utilization", "1", Kind::Gauge), "cpu_utilization_ratio");
+        assert_eq!(
+            t("cpu.utilization", "1", Kind::Gauge),
+            "cpu_utilization_ratio"
+        );
         assert_eq!(t("hits", "1", Kind::Counter), "hits_total");
         assert_eq!(t("requests", "{request}", Kind::Counter), "requests_total");
         assert_eq!(t("uptime", "d", Kind::Gauge), "uptime_days");
