@@ -482,5 +482,34 @@ fn sums_by_hw_type_count_each_gpu_once_with_the_bmcs() {
         Some("17"),
         "the DGX's sixteen GPU readings (board and DRAM of eight GPUs) and the shared GPU's: {copies}"
     );
+    // Every label a series carries is one its registry entry (METRICS.md) lists (D23):
+    // NVML, three BMCs and the agent's own series.
+    let scraped = support::scrape(port, Duration::from_secs(5)).expect("scrape");
+    let listed: BTreeMap<String, BTreeSet<String>> = support::registry_rows()
+        .into_iter()
+        .map(|r| {
+            (
+                r.prometheus,
+                r.attrs.iter().map(|a| a.replace(['.', '-'], "_")).collect(),
+            )
+        })
+        .collect();
+    let mut unlisted = BTreeSet::new();
+    for x in parse(&scraped) {
+        let Some(attrs) = listed.get(&x.name) else {
+            unlisted.insert(format!("{}: not in the registry", x.name));
+            continue;
+        };
+        for k in x.labels.keys() {
+            if k != "hw_id" && !attrs.contains(k) {
+                unlisted.insert(format!("{}{{{k}}}", x.name));
+            }
+        }
+    }
+    assert!(
+        unlisted.is_empty(),
+        "labels the registry does not list:\n{}",
+        unlisted.into_iter().collect::<Vec<_>>().join("\n")
+    );
     assert!(agent.terminate().success());
 }

@@ -146,11 +146,11 @@ registry! {
         "nvmlDeviceGetBAR1MemoryInfo", "BAR1 memory in use.";
     Bar1Limit = "gpu.bar1.limit", "By", UpDownCounter, [], Memory,
         "nvmlDeviceGetBAR1MemoryInfo", "Total BAR1 memory.";
-    Power = "hw.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Power,
+    Power = "hw.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Power,
         "nvmlDeviceGetPowerUsage (mW); Redfish Sensor (Power); IPMI sensors in W", "Power drawn by one component: a GPU's board (NVML), or what a BMC reports of one component that is not a GPU (hw.type from its physical context: cpu, memory, fan, physical_disk, network, battery; with junction.target). Each component once, none holding another: the host's total is hw.host.power, a supply's input, a BMC's copy of a GPU's draw and sub-totals bmc.power.";
     PowerLimit = "gpu.power.limit", "W", Gauge, ["gpu.power.limit_type"], Power,
         "nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetPowerManagementDefaultLimit, nvmlDeviceGetPowerManagementLimitConstraints", "Power limits: enforced, default, min, max.";
-    Energy = "hw.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "junction.target"], Power,
+    Energy = "hw.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Power,
         "nvmlDeviceGetTotalEnergyConsumption (mJ); Redfish Sensor (EnergyJoules, EnergyWh, EnergykWh)", "Energy consumed since the driver was loaded (NVML), or a BMC's energy counter of one component that is not a GPU (as hw.power).";
     Temperature = "hw.temperature", "Cel", Gauge, ["hw.sensor_location", "hw.type", "hw.name", "hw.parent", "junction.target"], Temperature,
         "nvmlDeviceGetTemperatureV (gpu_die; nvmlDeviceGetTemperature on older drivers), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction); Redfish Sensor (Temperature), ThermalMetrics, legacy Thermal; IPMI temperature sensors", "GPU die and memory-junction (HBM) temperature from NVML; temperatures a BMC reports (with junction.target; hw.id is the sensor, hw.parent the GPU's UUID for a sensor on a GPU NVML reports).";
@@ -304,27 +304,27 @@ registry! {
         "Redfish Sensor (ReadingType Voltage), IPMI sensors in V", "A voltage a BMC reports (hw.id is the sensor; hw.parent what it sits on, a GPU's UUID for a GPU NVML reports).";
     FanRpm = "hw.fan.speed", "rpm", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish Fan / Sensor (Rotational), legacy Thermal Fans, IPMI fan sensors", "Fan speed a BMC reports.";
-    CoolantFlow = "cooling.flow", "L/min", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "cooling.coolant.point"], Status,
+    CoolantFlow = "cooling.flow", "L/min", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target", "cooling.coolant.point"], Status,
         "Redfish CoolantConnector.FlowLitersPerMinute, Sensor (LiquidFlowLPM, LiquidFlow), IPMI flow sensors", "Coolant flow through a loop, connector or cold plate.";
-    CoolantPressure = "cooling.pressure", "kPa", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "cooling.coolant.point"], Status,
+    CoolantPressure = "cooling.pressure", "kPa", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target", "cooling.coolant.point"], Status,
         "Redfish CoolantConnector.{Supply,Return,Delta}PressurekPa, Pump.InletPressurekPa, Filter.DeltaLiquidPressurekPa, Sensor (PressurekPa, PressurePa, Pressure)", "Coolant pressure relative to atmosphere (delta: across the connector or filter).";
-    CoolantTemperature = "cooling.coolant.temperature", "Cel", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "cooling.coolant.point"], Status,
+    CoolantTemperature = "cooling.coolant.temperature", "Cel", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target", "cooling.coolant.point"], Status,
         "Redfish CoolantConnector.{Supply,Return,Delta}TemperatureCelsius", "Coolant temperature at a connector: supply, return, or the difference (delta).";
-    HeatRemoved = "cooling.heat_removed", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+    HeatRemoved = "cooling.heat_removed", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish CoolantConnector.HeatRemovedkW, Sensor (Heat, kW)", "Heat the coolant carries away.";
-    PumpSpeed = "cooling.pump.speed", "rpm", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+    PumpSpeed = "cooling.pump.speed", "rpm", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish Pump.PumpSpeedPercent.SpeedRPM, IPMI pump tachometers", "Pump speed.";
-    PumpSpeedRatio = "cooling.pump.speed_ratio", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+    PumpSpeedRatio = "cooling.pump.speed_ratio", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish Pump.PumpSpeedPercent.Reading", "Pump speed as a fraction of its maximum.";
-    CoolantLevel = "cooling.coolant.level", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+    CoolantLevel = "cooling.coolant.level", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish Reservoir.FluidLevelPercent, CoolingLoop.CoolantLevelPercent", "Coolant level in a reservoir or loop, as a fraction of full.";
-    Humidity = "cooling.humidity", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+    Humidity = "cooling.humidity", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish Sensor (Humidity), EnvironmentMetrics.HumidityPercent, LeakDetectorGroups.HumidityPercent", "Relative humidity.";
-    ValvePosition = "cooling.valve.position", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+    ValvePosition = "cooling.valve.position", "1", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish CoolantConnector.ValvePositionPercent, Sensor (Valve)", "How far a valve is open (1 = fully open).";
     LeakState = "cooling.leak.detector.state", "1", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "junction.target", "cooling.leak.state"], Status,
         "Redfish LeakDetector.DetectorState, LeakDetectorGroups.Detectors, IPMI discrete leak sensors", "1 for the leak detector's current state (ok, warning, critical, unavailable, absent), 0 for the others.";
-    SensorReading = "bmc.sensor.reading", "{reading}", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target", "bmc.sensor.unit"], Status,
+    SensorReading = "bmc.sensor.reading", "{reading}", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target", "bmc.sensor.unit"], Status,
         "Redfish Sensor, IPMI sensor", "A BMC reading with no more specific metric (current, frequency, liquid level, altitude, …), in bmc.sensor.unit.";
     SensorState = "bmc.sensor.state", "1", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "junction.target", "bmc.sensor.state"], Status,
         "Redfish Sensor thresholds and Status.Health, IPMI sensor state", "1 for the sensor's current state against its thresholds (ok, warning, critical), 0 for the others: quantities the conventions have no family for (flow, pressure, current, …); temperatures, voltages and fan speeds are hw.status.";
@@ -334,11 +334,11 @@ registry! {
         "Redfish Chassis, ThermalEquipment units, loops, connectors, pumps, filters, reservoirs, leak detectors; IPMI BMC", "A component a BMC reports, with its identity; always 1.";
     ComponentHealth = "bmc.component.health", "1", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "junction.target", "bmc.health"], Status,
         "Redfish Status.Health of a chassis that is one of this node's GPUs", "1 for the health the BMC reports for a GPU NVML also reports (ok, warning, critical), 0 for the others; the GPU's hw.status is Junction's verdict alone.";
-    HostPower = "hw.host.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+    HostPower = "hw.host.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish EnvironmentMetrics.PowerWatts or PowerControl.PowerConsumedWatts of the host chassis (a root chassis of a server's type); IPMI system power sensors", "Power drawn by the whole host, as its BMC measures it (never summed with hw.power: the host's total contains its components).";
-    HostEnergy = "hw.host.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+    HostEnergy = "hw.host.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish EnvironmentMetrics.EnergyJoules / EnergykWh of the host chassis", "Energy consumed by the whole host, as its BMC counts it.";
-    PowerSupplyUsage = "hw.power_supply.usage", "W", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "junction.target"], Status,
+    PowerSupplyUsage = "hw.power_supply.usage", "W", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish PowerSupplyMetrics.OutputPowerWatts, legacy PowerSupplies.PowerOutputWatts; IPMI power-supply output sensors", "Power a power supply delivers (its input, which holds everything the host draws through it, is bmc.power{hw.type=power_supply}).";
     BmcPower = "bmc.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish Sensor (Power), EnvironmentMetrics.PowerWatts and PowerControl of a chassis that is not the host, PowerSupplyMetrics.InputPowerWatts; IPMI sensors in W", "A BMC power reading that another series already counts or that sums others: its copy of a GPU's draw (hw.type gpu; hw.parent the GPU where NVML reports it), a supply's input (hw.type power_supply), a sub-total (a GPU baseboard, a chassis inside the host), an interval statistic, or a reading whose context names no one component.";
@@ -398,7 +398,7 @@ registry! {
         "derived: a robust trend of a BMC coolant supply temperature against its lowest upper threshold", "Forecast time until the coolant supply temperature reaches its upper threshold; present only while it rises steadily.";
     SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,
         "agent", "1 while a source is running and answering.";
-    SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage", "error.type"], Status,
+    SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage", "error.type", "junction.target"], Status,
         "agent", "Failed reads per source, stage and kind, with the GPU (hw.id) or target (junction.target) they concern: an NVML call that returned an error, a kernel-log read, a Redfish resource, a BMC poll, the kubelet's List, a health-rule input.";
     Events = "junction.events", "{event}", Counter, ["event.name"], Status,
         "agent", "Events recorded in the event log (health transitions, XIDs, …) since the agent started.";
