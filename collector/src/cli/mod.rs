@@ -70,6 +70,7 @@ pub fn healthcheck(
 /// (NVML takes seconds per GPU without persistence mode) neither hides the endpoint nor
 /// ignores SIGTERM.
 pub fn run(config: Config) -> anyhow::Result<()> {
+    naming(&config);
     let rt = runtime()?;
     let result = rt.block_on(serve(Arc::new(config)));
     // A source still starting (a hung nvmlInit) is not waited for.
@@ -342,9 +343,16 @@ fn collect_once(config: Config, inspect: bool) -> anyhow::Result<(Arc<Model>, Ve
     result.map(|f| (model, f))
 }
 
+/// How the sinks name and label what they export (process-wide, set once before any
+/// export): the previous release's Prometheus names, the GPU's identity attributes.
+fn naming(config: &Config) {
+    prometheus::encode::set_legacy_names(config.sinks.prometheus.legacy_names);
+    crate::model::view::set_identity_attributes(config.sinks.identity_attributes);
+}
+
 /// `junction once`: one collection, printed.
 pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
-    prometheus::encode::set_legacy_names(config.sinks.prometheus.legacy_names);
+    naming(&config);
     let (model, _) = collect_once(config, false)?;
     let text = match format {
         Format::Prometheus => prometheus::render(&model),

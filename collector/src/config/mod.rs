@@ -183,6 +183,13 @@ config_section! {
 config_section! {
     /// `[sinks.*]`
     pub struct Sinks {
+        /// Put a GPU's identity (hw.vendor, hw.model, hw.name, hw.serial_number,
+        /// hw.driver_version, hw.firmware_version, as gpu.info has them) on its series of the
+        /// OpenTelemetry conventions (hw.gpu.*, hw.errors, hw.status, hw.power, hw.energy),
+        /// where the conventions recommend them, on /metrics and OTLP alike. Constant per GPU:
+        /// the number of series does not change. Default: true (false: smaller payloads; join
+        /// gpu_info on hw_id instead).
+        pub identity_attributes: bool = true,
         /// The Prometheus scrape endpoint (`/metrics`, `/healthz`).
         pub prometheus: PrometheusConfig = PrometheusConfig::default(),
         /// OTLP push (gRPC or HTTP/protobuf): metrics, and events as log records.

@@ -124,19 +124,19 @@ macro_rules! registry {
 registry! {
     Info = "gpu.info", "{info}", Gauge, ["hw.name", "hw.vendor", "hw.model", "hw.serial_number", "hw.driver_version", "hw.firmware_version", "gpu.index", "gpu.minor_number", "gpu.pci.bdf", "gpu.cuda_driver_version"], Status,
         "nvmlDeviceGetName/Serial/PciInfo_v3/MinorNumber/VbiosVersion, nvmlSystemGetDriverVersion", "GPU identity; always 1.";
-    Status = "hw.status", "1", UpDownCounter, ["hw.type", "hw.state", "hw.name", "hw.parent", "hw.sensor_location", "nic.port", "junction.target"], Status,
+    Status = "hw.status", "1", UpDownCounter, ["hw.type", "hw.state", "hw.name", "hw.parent", "hw.sensor_location", "nic.port", "junction.target", "hw.vendor", "hw.model", "hw.serial_number", "hw.driver_version", "hw.firmware_version"], Status,
         "derived (lost GPU, reset required, stuck NVML call, the health rules; a NIC port's rules); a BMC component's Status.Health; a BMC temperature, voltage or fan sensor's state against its thresholds", "1 for the component's current state (a GPU: ok, degraded, failed, predicted_failure; a NIC port, BMC component or sensor: ok, degraded, failed), 0 for the others; one state set per hw.id.";
     HealthReason = "gpu.health.reason", "{state}", Gauge, ["hw.type", "gpu.health.reason"], Status,
         "derived", "1 for each reason the GPU is not ok (docs/HEALTH.md lists them with their rules): gpu_lost, reset_required, xid_79, xid_fatal, ecc_uncorrectable, remap_pending, thermal_forecast, leak_detected, …";
-    Utilization = "hw.gpu.utilization", "1", Gauge, ["hw.gpu.task"], Utilization,
+    Utilization = "hw.gpu.utilization", "1", Gauge, ["hw.gpu.task", "hw.vendor", "hw.model", "hw.name", "hw.serial_number", "hw.driver_version", "hw.firmware_version"], Utilization,
         "nvmlDeviceGetUtilizationRates, nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization", "Fraction of time the GPU (general), encoder or decoder was busy.";
     MemoryActivity = "gpu.memory.activity", "1", Gauge, [], Utilization,
         "nvmlDeviceGetUtilizationRates (memory)", "Fraction of time device memory was being read or written (nvidia-smi's utilization.memory, DCGM's MEM_COPY_UTIL); not how full it is, which is hw.gpu.memory.utilization.";
-    MemoryUtilization = "hw.gpu.memory.utilization", "1", Gauge, [], Memory,
+    MemoryUtilization = "hw.gpu.memory.utilization", "1", Gauge, ["hw.vendor", "hw.model", "hw.name", "hw.serial_number", "hw.driver_version", "hw.firmware_version"], Memory,
         "nvmlDeviceGetMemoryInfo_v2 (used / total)", "Fraction of device memory in use.";
-    MemoryUsage = "hw.gpu.memory.usage", "By", UpDownCounter, [], Memory,
+    MemoryUsage = "hw.gpu.memory.usage", "By", UpDownCounter, ["hw.vendor", "hw.model", "hw.name", "hw.serial_number", "hw.driver_version", "hw.firmware_version"], Memory,
         "nvmlDeviceGetMemoryInfo_v2 (v1 on old drivers)", "Device memory in use.";
-    MemoryLimit = "hw.gpu.memory.limit", "By", UpDownCounter, [], Memory,
+    MemoryLimit = "hw.gpu.memory.limit", "By", UpDownCounter, ["hw.vendor", "hw.model", "hw.name", "hw.serial_number", "hw.driver_version", "hw.firmware_version"], Memory,
         "nvmlDeviceGetMemoryInfo_v2", "Total device memory.";
     MemoryFree = "gpu.memory.free", "By", UpDownCounter, [], Memory,
         "nvmlDeviceGetMemoryInfo_v2", "Device memory free.";
@@ -146,11 +146,11 @@ registry! {
         "nvmlDeviceGetBAR1MemoryInfo", "BAR1 memory in use.";
     Bar1Limit = "gpu.bar1.limit", "By", UpDownCounter, [], Memory,
         "nvmlDeviceGetBAR1MemoryInfo", "Total BAR1 memory.";
-    Power = "hw.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Power,
+    Power = "hw.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target", "hw.vendor", "hw.model", "hw.serial_number", "hw.driver_version", "hw.firmware_version"], Power,
         "nvmlDeviceGetPowerUsage (mW); Redfish Sensor (Power); IPMI sensors in W", "Power drawn by one component: a GPU's board (NVML), or what a BMC reports of one component that is not a GPU (hw.type from its physical context: cpu, memory, fan, physical_disk, network, battery; with junction.target). Each component once, none holding another: the host's total is hw.host.power, a supply's input, a BMC's copy of a GPU's draw and sub-totals bmc.power.";
     PowerLimit = "gpu.power.limit", "W", Gauge, ["gpu.power.limit_type"], Power,
         "nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetPowerManagementDefaultLimit, nvmlDeviceGetPowerManagementLimitConstraints", "Power limits: enforced, default, min, max.";
-    Energy = "hw.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Power,
+    Energy = "hw.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target", "hw.vendor", "hw.model", "hw.serial_number", "hw.driver_version", "hw.firmware_version"], Power,
         "nvmlDeviceGetTotalEnergyConsumption (mJ); Redfish Sensor (EnergyJoules, EnergyWh, EnergykWh)", "Energy consumed since the driver was loaded (NVML), or a BMC's energy counter of one component that is not a GPU (as hw.power).";
     Temperature = "hw.temperature", "Cel", Gauge, ["hw.sensor_location", "hw.type", "hw.name", "hw.parent", "junction.target"], Temperature,
         "nvmlDeviceGetTemperatureV (gpu_die; nvmlDeviceGetTemperature on older drivers), nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP) (memory_junction); Redfish Sensor (Temperature), ThermalMetrics, legacy Thermal; IPMI temperature sensors", "GPU die and memory-junction (HBM) temperature from NVML; temperatures a BMC reports (with junction.target; hw.id is the sensor, hw.parent the GPU's UUID for a sensor on a GPU NVML reports).";
@@ -168,7 +168,7 @@ registry! {
         "nvmlDeviceGetCurrentClocksEventReasons (…ThrottleReasons on older drivers)", "1 while the clock event (throttle) reason is active.";
     ViolationTime = "gpu.violation.time", "s", Counter, ["gpu.violation.type"], Clocks,
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_PERF_POLICY_POWER/THERMAL, NVML_FI_DEV_CLOCKS_EVENT_REASON_*) (ns; nvmlDeviceGetViolationStatus on older drivers)", "Time the GPU was held below its clocks: power, thermal, sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown.";
-    EccErrors = "hw.errors", "{error}", Counter, ["hw.type", "error.type", "hw.name", "nic.port"], Errors,
+    EccErrors = "hw.errors", "{error}", Counter, ["hw.type", "error.type", "hw.name", "nic.port", "hw.vendor", "hw.model", "hw.serial_number", "hw.driver_version", "hw.firmware_version"], Errors,
         "nvmlDeviceGetTotalEccErrors (NVML_VOLATILE_ECC); /sys/class/infiniband/*/ports/*/counters/* (the IBTA error counters)", "GPU ECC errors since the driver loaded: corrected or uncorrected (the lifetime count is gpu.ecc.errors.lifetime). NIC port errors (hw.type network): error.type is the counter's name (symbol_error, link_downed, port_rcv_errors, …), monotonic across saturation resets.";
     EccErrorsLifetime = "gpu.ecc.errors.lifetime", "{error}", Counter, ["error.type"], Errors,
         "nvmlDeviceGetTotalEccErrors (NVML_AGGREGATE_ECC)", "GPU ECC errors over the GPU's life (kept in its InfoROM across driver loads; includes those in hw.errors): corrected or uncorrected.";

@@ -6,14 +6,57 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::health::Reason;
-use super::{DriverInfo, GpuSlot, Metric, Model, REGISTRY, Sample, status_samples};
+use super::{AttrValue, DriverInfo, GpuSlot, Metric, Model, REGISTRY, Sample, status_samples};
+
+/// Whether a GPU's series of the conventions carry its identity (`[sinks]
+/// identity_attributes`; set once at start).
+static IDENTITY: AtomicBool = AtomicBool::new(true);
+
+/// Turns the identity attributes on the GPU's series of the conventions on or off.
+pub fn set_identity_attributes(on: bool) {
+    IDENTITY.store(on, Ordering::Relaxed);
+}
+
+/// Whether a metric's GPU series carry the GPU's identity: the conventions' GPU metrics and
+/// their GPU refinements (`metric_attributes.hw.gpu`: hw.gpu.*, hw.errors, hw.status), and
+/// the GPU's hw.power / hw.energy.
+pub fn takes_identity(metric: usize) -> bool {
+    let name = REGISTRY[metric].name;
+    name.starts_with("hw.gpu.")
+        || matches!(name, "hw.errors" | "hw.status" | "hw.power" | "hw.energy")
+}
+
+/// The identity attributes the conventions recommend on a GPU's series (`hw.vendor`,
+/// `hw.model`, `hw.name`, `hw.serial_number`, `hw.driver_version`, `hw.firmware_version`),
+/// the values `gpu.info` carries; empty ones left out.
+fn identity(g: &GpuSlot, driver: Option<&DriverInfo>) -> Vec<(&'static str, AttrValue)> {
+    let mut out: Vec<(&'static str, AttrValue)> = vec![
+        ("hw.vendor", "nvidia".into()),
+        ("hw.model", g.info.name.clone().into()),
+        ("hw.name", g.info.name.clone().into()),
+    ];
+    if let Some(s) = g.info.serial.as_ref().filter(|s| !s.is_empty()) {
+        out.push(("hw.serial_number", s.clone().into()));
+    }
+    if let Some(d) = driver.filter(|d| !d.driver_version.is_empty()) {
+        out.push(("hw.driver_version", d.driver_version.clone().into()));
+    }
+    if let Some(v) = g.info.vbios.as_ref().filter(|v| !v.is_empty()) {
+        out.push(("hw.firmware_version", v.clone().into()));
+    }
+    out
+}
 
 /// A snapshot of the model and the samples derived from it.
 pub struct Snapshot {
     /// The GPU slots.
     pub gpus: Vec<GpuSlot>,
     per_gpu: Vec<Vec<Sample>>,
+    /// Each GPU's identity attributes (empty where they are off).
+    identity: Vec<Vec<(&'static str, AttrValue)>>,
     node: Vec<Sample>,
     sets: Vec<Arc<Vec<Sample>>>,
 }
@@ -49,6 +92,16 @@ impl Snapshot {
                 status_samples(g, driver, reasons)
             })
             .collect();
+        let identity = gpus
+            .iter()
+            .map(|g| {
+                if IDENTITY.load(Ordering::Relaxed) {
+                    identity(g, driver)
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
         let mut node = Vec::new();
         for (source, up) in sources {
             node.push(
@@ -59,6 +112,7 @@ impl Snapshot {
         Self {
             gpus,
             per_gpu,
+            identity,
             node,
             sets,
         }
@@ -80,7 +134,16 @@ impl Snapshot {
         {
             by_metric[s.metric as usize].push(("", s));
         }
-        View { by_metric }
+        let identity = self
+            .gpus
+            .iter()
+            .zip(&self.identity)
+            .map(|(g, i)| (g.info.uuid.as_str(), i.as_slice()))
+            .collect();
+        View {
+            by_metric,
+            identity,
+        }
     }
 }
 
@@ -88,6 +151,7 @@ impl Snapshot {
 /// their own `hw.id` or none).
 pub struct View<'a> {
     by_metric: Vec<Vec<(&'a str, &'a Sample)>>,
+    identity: Vec<(&'a str, &'a [(&'static str, AttrValue)])>,
 }
 
 impl<'a> View<'a> {
@@ -98,5 +162,18 @@ impl<'a> View<'a> {
             .enumerate()
             .filter(|(_, v)| !v.is_empty())
             .map(|(i, v)| (i, v.as_slice()))
+    }
+
+    /// The attributes a sample of `metric` on the GPU `gpu` carries besides its own: the
+    /// GPU's identity where the metric takes it and the sample has no `hw.id` of its own (a
+    /// MIG instance's, a fan's).
+    pub fn extra(&self, metric: usize, gpu: &str, s: &Sample) -> &'a [(&'static str, AttrValue)] {
+        if gpu.is_empty() || !takes_identity(metric) || s.attr("hw.id").is_some() {
+            return &[];
+        }
+        self.identity
+            .iter()
+            .find(|(id, _)| std::ptr::eq(id.as_ptr(), gpu.as_ptr()) || *id == gpu)
+            .map_or(&[], |(_, i)| *i)
     }
 }

@@ -70,6 +70,14 @@ fn points(view: &View<'_>) -> Points {
                         Value::from(v.clone()),
                     ));
                 }
+                for (k, v) in view.extra(i, gpu, s) {
+                    if s.attr(k).is_none() {
+                        attrs.push(KeyValue::new(
+                            Key::from_static_str(k),
+                            Value::from(v.clone()),
+                        ));
+                    }
+                }
                 (s.value, attrs)
             })
             .collect();

@@ -25,6 +25,11 @@ pub fn render(families: &View<'_>, out: &mut String) {
             for (k, v) in &s.attrs {
                 write_label(out, &mut first, k, v);
             }
+            for (k, v) in families.extra(i, id, s) {
+                if s.attr(k).is_none() {
+                    write_label(out, &mut first, k, v);
+                }
+            }
             out.push_str("} ");
             write_value(out, s.value);
             out.push('\n');
@@ -152,10 +157,18 @@ mod tests {
         );
         let mut out = String::new();
         render(&snap.view(), &mut out);
-        assert!(out.contains("# TYPE hw_power_watts gauge\nhw_power_watts{hw_id=\"GPU-1\",hw_type=\"gpu\"} 612.5\n"), "{out}");
-        assert!(out.contains("hw_name=\"A \\\"quoted\\\" GPU\""), "{out}");
+        // The GPU's identity on its series of the conventions (the empty ones left out).
+        let ident = "hw_vendor=\"nvidia\",hw_model=\"A \\\"quoted\\\" GPU\",hw_name=\"A \\\"quoted\\\" GPU\"";
         assert!(
-            out.contains("hw_status{hw_id=\"GPU-1\",hw_type=\"gpu\",hw_state=\"ok\"} 1\n"),
+            out.contains(&format!(
+                "# TYPE hw_power_watts gauge\nhw_power_watts{{hw_id=\"GPU-1\",hw_type=\"gpu\",{ident}}} 612.5\n"
+            )),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!(
+                "hw_status{{hw_id=\"GPU-1\",hw_type=\"gpu\",hw_state=\"ok\",{ident}}} 1\n"
+            )),
             "{out}"
         );
         assert!(

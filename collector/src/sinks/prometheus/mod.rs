@@ -26,7 +26,6 @@ pub const COMPONENT: Component = Component {
     enabled: |c| c.sinks.prometheus.enabled,
     start: |c, ctx| {
         Box::pin(async move {
-            encode::set_legacy_names(c.sinks.prometheus.legacy_names);
             let listen = &c.sinks.prometheus.listen;
             let listener = bind(listen).await.map_err(|e| {
                 anyhow::anyhow!("cannot listen on {listen} (sinks.prometheus.listen): {e}")
