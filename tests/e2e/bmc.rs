@@ -974,6 +974,37 @@ fn a_tree_with_every_quirk_and_a_gpu_the_bmc_shares_with_nvml() {
     );
 }
 
+/// `[sinks] legacy_names` serves the previous release's Prometheus names for one release; by
+/// default the names are the translation's.
+#[test]
+fn legacy_names_serve_the_previous_releases_names() {
+    let Some(tool) = bmc::venv_tool("sushy-static") else {
+        return;
+    };
+    let server = bmc::sushy_static(&tool, &project_tree("no-such-serial"));
+    let target = redfish_target("rack", &format!("http://127.0.0.1:{}", server.port), "");
+    let (ok, new, err) = once(&config(&target, false, support::free_port()));
+    assert!(ok, "{err}");
+    let legacy = format!("{target}\n[sinks]\nlegacy_names = true\n");
+    let (ok, old, err) = once(&config(&legacy, false, support::free_port()));
+    assert!(ok, "{err}");
+    let flow = |out: &str, name: &str| {
+        value(
+            &parse(out),
+            name,
+            &[("hw_id", "rack:/Chassis/Rack1/Sensors/Flow")],
+        )
+    };
+    assert_eq!(flow(&new, "cooling_flow_L_per_min"), Some(41.5));
+    assert_eq!(flow(&new, "cooling_flow_liters_per_minute"), None);
+    assert_eq!(flow(&old, "cooling_flow_liters_per_minute"), Some(41.5));
+    assert_eq!(flow(&old, "cooling_flow_L_per_min"), None);
+    assert!(
+        old.contains("# TYPE cooling_pressure_kilopascals gauge"),
+        "{old}"
+    );
+}
+
 #[test]
 fn sushy_emulator_basic_auth_over_tls() {
     let Some(tool) = bmc::venv_tool("sushy-emulator") else {

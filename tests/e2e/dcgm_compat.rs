@@ -204,7 +204,7 @@ fn a_slurm_node_and_a_kubernetes_node_carry_the_job_and_the_pod() {
         &[&uuids[5]],
     )]);
     agent.wait_for(Duration::from_secs(20), |m| {
-        m.contains("k8s_pod_gpu_allocation{")
+        m.contains("gpu_k8s_allocation{")
     });
     let page = support::scrape(dcgm, Duration::from_secs(5)).expect("scrape");
     let by_gpu = |g: &str| -> Vec<Line> {

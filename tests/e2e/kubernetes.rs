@@ -22,7 +22,7 @@ fn section(socket: &std::path::Path, pods: &std::path::Path) -> String {
 fn allocation(s: &[support::Series], gpu: &str, pod: &str, container: &str) -> Option<f64> {
     value(
         s,
-        "k8s_pod_gpu_allocation",
+        "gpu_k8s_allocation",
         &[
             ("hw_id", gpu),
             ("k8s_namespace_name", "ml"),
@@ -63,7 +63,7 @@ fn gpu_allocations_name_the_pod_follow_the_kubelet_and_a_failing_kubelet_is_down
         pod("ml", "web", "nginx", "example.com/nic", &["eth7"]),
     ]);
     let page = agent.wait_for(Duration::from_secs(20), |m| {
-        m.contains("k8s_pod_gpu_allocation{") && m.contains("infer-1")
+        m.contains("gpu_k8s_allocation{") && m.contains("infer-1")
     });
     let s = parse(&page);
     assert_eq!(
@@ -76,7 +76,7 @@ fn gpu_allocations_name_the_pod_follow_the_kubelet_and_a_failing_kubelet_is_down
     assert!(!page.contains("eth7"), "not a GPU resource");
     assert_eq!(
         page.lines()
-            .filter(|l| l.starts_with("k8s_pod_gpu_allocation{"))
+            .filter(|l| l.starts_with("gpu_k8s_allocation{"))
             .count(),
         3
     );
@@ -105,7 +105,7 @@ fn gpu_allocations_name_the_pod_follow_the_kubelet_and_a_failing_kubelet_is_down
     kubelet.fail(tonic::Code::Unavailable, "kubelet is restarting");
     agent.wait_for(Duration::from_secs(20), |m| {
         m.contains("junction_source_up{junction_source=\"kubernetes\"} 0")
-            && !m.contains("k8s_pod_gpu_allocation{")
+            && !m.contains("gpu_k8s_allocation{")
     });
     assert!(
         agent.log().contains("kubelet is restarting"),
@@ -217,7 +217,7 @@ fn a_process_in_a_pod_carries_the_pods_name() {
     assert_eq!(
         value(
             &s,
-            "k8s_pod_gpu_allocation",
+            "gpu_k8s_allocation",
             &[("hw_id", &uuids[5]), ("k8s_pod_name", "train-0")]
         ),
         Some(1.0)

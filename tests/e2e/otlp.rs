@@ -157,10 +157,35 @@ fn same_metrics_as_scrape(protocol: &str) {
     }
     // Values straight from the scenario, unit-converted.
     let gpu0 = support::uuids(&parse(&body))[0].clone();
+    // The one series of `name` on GPU 0 with the `extra` labels (and any others: the GPU's
+    // identity on the conventions' series).
     let at = |name: &str, extra: &[(&str, &str)]| {
-        let mut l: BTreeMap<String, String> = [("hw_id".to_string(), gpu0.clone())].into();
-        l.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        otlp[&(name.to_string(), l)]
+        let mut want: Vec<(&str, &str)> = vec![("hw_id", gpu0.as_str())];
+        want.extend_from_slice(extra);
+        const IDENTITY: [&str; 6] = [
+            "hw_vendor",
+            "hw_model",
+            "hw_name",
+            "hw_serial_number",
+            "hw_driver_version",
+            "hw_firmware_version",
+        ];
+        let hits: Vec<f64> = otlp
+            .iter()
+            .filter(|((n, l), _)| {
+                let own: BTreeMap<&str, &str> = l
+                    .iter()
+                    .filter(|(k, _)| {
+                        !IDENTITY.contains(&k.as_str()) || want.iter().any(|(w, _)| w == k)
+                    })
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                n == name && own == want.iter().copied().collect()
+            })
+            .map(|(_, v)| *v)
+            .collect();
+        assert_eq!(hits.len(), 1, "{name} {want:?}: {hits:?}");
+        hits[0]
     };
     assert_eq!(
         at("hw_gpu_utilization_ratio", &[("hw_gpu_task", "general")]),
@@ -318,7 +343,7 @@ fn events_emitted_while_the_receiver_is_down_arrive_exactly_once() {
             .expect("a failed transition")
     });
     assert_eq!(failed.severity_number, 17, "ERROR");
-    assert_eq!(failed.event_name, "hw.status.change");
+    assert_eq!(failed.event_name, "junction.health.change");
     assert_eq!(
         attr(&failed.attributes, "gpu.health.reason"),
         Some("gpu_lost")
@@ -670,7 +695,9 @@ fn a_lost_gpus_readings_stop_being_exported() {
         &format!("endpoint = {:?}\nprotocol = \"grpc\"\n", rx.grpc_url()),
     );
     let body = agent.wait_for(Duration::from_secs(30), |m| {
-        m.contains("hw_state=\"failed\"} 1")
+        parse(m)
+            .iter()
+            .any(|s| s.name == "hw_status" && s.labels["hw_state"] == "failed" && s.value == 1.0)
     });
     let lost = parse(&body)
         .into_iter()

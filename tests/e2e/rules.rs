@@ -568,7 +568,7 @@ fn on_a_healthy_node_no_alert_fires() {
                 ("flow", "bmc_sensor_state{hw_type=\"flow\"}"),
                 ("pressure", "bmc_sensor_state{hw_type=\"pressure\"}"),
                 ("coolant", "hw_temperature_celsius{hw_sensor_location=\"liquid_inlet\"}"),
-                ("coolant state", "bmc_sensor_state{hw_type=\"temperature\", junction_target=\"cdu\"}"),
+                ("coolant state", "hw_status{hw_type=\"temperature\", junction_target=\"cdu\"}"),
                 ("leak", "cooling_leak_detector_state"),
                 ("nic ports", "count(hw_status{hw_type=\"network\", hw_state=\"ok\"} == 1) == 10"),
                 ("pcie", "pcie_aer_errors_total"),

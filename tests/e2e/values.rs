@@ -304,6 +304,33 @@ fn every_family_has_the_scenario_values() {
         1_250_000.0 * 1024.0,
         "pcie tx",
     );
+    // hw.gpu.io: NVML's PCIe byte counters, running at the scenario's throughput since the
+    // driver loaded. Both are read in one call, so receive is twice transmit; transmit
+    // over its rate is the driver's age in seconds (under a minute here).
+    let tx = on(
+        "hw_gpu_io_bytes_total",
+        g0,
+        &[("network_io_direction", "transmit")],
+    )
+    .expect("hw.gpu.io transmit");
+    let rx = on(
+        "hw_gpu_io_bytes_total",
+        g0,
+        &[("network_io_direction", "receive")],
+    )
+    .expect("hw.gpu.io receive");
+    within(
+        Some(rx / tx),
+        2.0 - 1e-5,
+        2.0 + 1e-5,
+        "pcie bytes receive / transmit (whole bytes)",
+    );
+    within(
+        Some(tx / (1_250_000.0 * 1024.0)),
+        0.0,
+        60.0,
+        "pcie bytes: seconds of transmit",
+    );
     close(on("gpu_pcie_replay_total", g0, &[]), 3.0, "pcie replays");
     close(
         on(

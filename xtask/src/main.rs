@@ -19,7 +19,7 @@ commands:
   build-ebpf        build the BPF programs (installs nightly rust-src, LLVM 22 and bpf-linker if missing)
   nvml-sim          build the NVML simulator library (one build per driver branch) and print its path
   docs              regenerate METRICS.md, docs/CONFIG.md and config/junction.toml
-  demo [--for SECS] [--plain]
+  demo [--for SECS] [--plain] [--venv DIR]
                     the whole node: Junction on a simulated 8-GPU node, a Redfish CDU whose flow
                     drops, an IPMI BMC, an ioctl workload, XIDs, an OTLP receiver; a live view
   test              install what the tests need, then run every check and test

@@ -1,8 +1,10 @@
-//! `cargo xtask demo` for a fixed time, non-interactive: every part shows what it is there to
-//! show (the hot-HBM GPU's forecast, the ioctl workload attributed with its container, each
-//! XID on its GPU, the coolant-flow alarm, OTLP data received), and nothing it started is left
-//! running; and Ctrl-C stops everything it started. Needs root (eBPF, /dev/kmsg, cgroups) and what `cargo xtask test` installs and
-//! builds first; outside CI it skips without them, in CI it fails.
+//! `cargo xtask demo` for a fixed time, non-interactive, from what a fresh clone has (a venv
+//! directory of its own, empty: the demo installs its Redfish server itself): every part shows
+//! what it is there to show (the hot-HBM GPU's forecast, the ioctl workload attributed with its
+//! container, each XID on its GPU, the coolant-flow alarm, the IPMI BMC's readings, OTLP data
+//! received), and nothing it started is left running; a second run installs nothing; and
+//! Ctrl-C stops everything it started. Needs root (eBPF, /dev/kmsg, cgroups) and the binaries
+//! `cargo xtask test` builds first; outside CI it skips without them, in CI it fails.
 
 use std::process::Command;
 
@@ -31,7 +33,6 @@ fn ready() -> bool {
         "target/debug/junction",
         "target/nvml-sim/current/libnvidia-ml.so.1",
         "collector-ebpf/target/bpfel-unknown-none/release/junction-ebpf",
-        "target/venv/bin/sushy-static",
     ] {
         if !root.join(built).exists() {
             skip(&format!("{built} is missing: run `cargo xtask test`"));
@@ -66,10 +67,13 @@ fn nothing_left(text: &str) {
 
 /// Ctrl-C in the middle of a run (part of the one test below: two demos at once would share
 /// target/demo).
-fn ctrl_c_stops_everything_the_demo_started() {
+/// (With the venv the first run filled: it installs nothing.)
+fn ctrl_c_stops_everything_the_demo_started(venv: &std::path::Path) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
         .args(["demo", "--plain", "--no-build", "--listen"])
         .arg(format!("127.0.0.1:{}", free_port()))
+        .arg("--venv")
+        .arg(venv)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("run the demo");
@@ -86,6 +90,10 @@ fn ctrl_c_stops_everything_the_demo_started() {
             break;
         }
     }
+    assert!(
+        text.contains("demo setup: nothing to install"),
+        "a second run installs nothing:\n{text}"
+    );
     std::thread::sleep(std::time::Duration::from_secs(5));
     // SAFETY: kill(2) on our own child's pid: what a terminal's Ctrl-C sends.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
@@ -100,10 +108,16 @@ fn the_demo_shows_every_part_and_leaves_nothing_running() {
     if !ready() {
         return;
     }
+    // A venv directory of the demo's own, empty, as on a fresh clone.
+    let venv = std::env::temp_dir().join(format!("junction-demo-venv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&venv);
+    std::fs::create_dir_all(&venv).expect("venv dir");
     let port = free_port();
     let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
         .args(["demo", "--for", "55", "--plain", "--no-build", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
+        .arg("--venv")
+        .arg(&venv)
         .output()
         .expect("run the demo");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -143,8 +157,15 @@ fn the_demo_shows_every_part_and_leaves_nothing_running() {
             "{line}"
         );
     }
+    assert!(
+        text.contains("demo setup: installed sushy-tools"),
+        "the demo installs its Redfish server:\n{text}"
+    );
+    assert!(!text.contains("MISSING:"), "{text}");
     assert!(check("coolant alarm").contains("Secondary Flow is critical"));
+    assert!(check("ipmi").contains("bmc/"), "the IPMI BMC's readings");
     check("otlp");
     nothing_left(&text);
-    ctrl_c_stops_everything_the_demo_started();
+    ctrl_c_stops_everything_the_demo_started(&venv);
+    let _ = std::fs::remove_dir_all(&venv);
 }

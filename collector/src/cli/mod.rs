@@ -346,7 +346,8 @@ fn collect_once(config: Config, inspect: bool) -> anyhow::Result<(Arc<Model>, Ve
 /// How the sinks name and label what they export (process-wide, set once before any
 /// export): the previous release's Prometheus names, the GPU's identity attributes.
 fn naming(config: &Config) {
-    prometheus::encode::set_legacy_names(config.sinks.prometheus.legacy_names);
+    prometheus::encode::set_legacy_names(config.sinks.legacy_names);
+    crate::model::events::set_legacy_names(config.sinks.legacy_names);
     crate::model::view::set_identity_attributes(config.sinks.identity_attributes);
 }
 

@@ -190,6 +190,14 @@ config_section! {
         /// the number of series does not change. Default: true (false: smaller payloads; join
         /// gpu_info on hw_id instead).
         pub identity_attributes: bool = true,
+        /// Export the names the previous release used where this one renamed them, for the
+        /// dashboards, alerts and log queries not yet moved (docs/MIGRATING.md): on /metrics
+        /// `cooling_flow_liters_per_minute` (now `cooling_flow_L_per_min`),
+        /// `cooling_pressure_kilopascals` (`cooling_pressure_kPa`) and
+        /// `k8s_pod_gpu_allocation` (`gpu_k8s_allocation`); status-change events as
+        /// `hw.status.change` with `hw.state.previous` (now `junction.health.change`,
+        /// `junction.health.previous_state`). Kept for one release. Default: false.
+        pub legacy_names: bool = false,
         /// The Prometheus scrape endpoint (`/metrics`, `/healthz`).
         pub prometheus: PrometheusConfig = PrometheusConfig::default(),
         /// OTLP push (gRPC or HTTP/protobuf): metrics, and events as log records.
@@ -212,12 +220,6 @@ config_section! {
         /// Address and port to listen on. Default: "0.0.0.0:9474" (all interfaces, as a
         /// scrape target must be reachable from Prometheus).
         pub listen: String = "0.0.0.0:9474".into(),
-        /// Serve the Prometheus names earlier releases used where a name changed to match
-        /// the OTLP translation exactly (`cooling_flow_liters_per_minute` for
-        /// `cooling_flow_L_per_min`, `cooling_pressure_kilopascals` for
-        /// `cooling_pressure_kPa`), for dashboards and alerts not yet moved; see MIGRATING.md.
-        /// Kept for one release. Default: false.
-        pub legacy_names: bool = false,
     }
 }
 

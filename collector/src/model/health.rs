@@ -326,11 +326,12 @@ fn transition(
             before.as_str()
         )
     };
-    let mut e = NewEvent::now(severity, "hw.status.change", body)
+    let (name, previous) = super::events::status_change_names();
+    let mut e = NewEvent::now(severity, name, body)
         .about(hw_id.to_string())
         .with("hw.type", "gpu")
         .with("hw.state", after.as_str())
-        .with("hw.state.previous", before.as_str());
+        .with(previous, before.as_str());
     if let Some(r) = raised {
         e = e
             .with("gpu.health.reason", r.code.as_str())

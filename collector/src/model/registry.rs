@@ -186,6 +186,8 @@ registry! {
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)", "1 for the recovery action the driver asks for (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, recover_imex_domain; unknown for a value newer than Junction).";
     PcieThroughput = "gpu.pcie.throughput", "By/s", Gauge, ["network.io.direction"], Pcie,
         "nvmlDeviceGetPcieThroughput (KiB/s)", "PCIe throughput over the last 20 ms.";
+    GpuIo = "hw.gpu.io", "By", Counter, ["network.io.direction", "hw.vendor", "hw.model", "hw.name", "hw.serial_number", "hw.driver_version", "hw.firmware_version"], Pcie,
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_PCIE_COUNT_TX_BYTES/RX_BYTES)", "Bytes the GPU sent (transmit) and received over PCIe since the driver loaded; absent on drivers without the counters.";
     PcieReplay = "gpu.pcie.replay", "{replay}", Counter, [], Pcie,
         "nvmlDeviceGetPcieReplayCounter", "PCIe replays.";
     PcieGeneration = "gpu.pcie.link.generation", "{generation}", Gauge, ["gpu.pcie.link.state"], Pcie,
@@ -356,7 +358,7 @@ registry! {
         "agent", "Requests made to a BMC target (HTTP requests; IPMI tool runs).";
     TargetPollFailures = "junction.target.poll.failures", "{poll}", Counter, ["junction.source", "junction.target", "error.type"], Status,
         "agent", "Polls of a BMC target that failed, by reason (timeout, auth, tls, connect, protocol).";
-    PodGpuAllocation = "k8s.pod.gpu.allocation", "{device}", Gauge, ["k8s.namespace.name", "k8s.pod.name", "k8s.container.name", "gpu.resource.name"], Status,
+    PodGpuAllocation = "gpu.k8s.allocation", "{device}", Gauge, ["k8s.namespace.name", "k8s.pod.name", "k8s.container.name", "gpu.resource.name"], Status,
         "kubelet pod-resources API (v1 List)", "1 for each GPU or MIG device (hw.id: the device plugin's id, a GPU or MIG UUID) the kubelet allocated to a container; join on hw.id to name the pod on any per-GPU series.";
     NetworkUp = "hw.network.up", "1", UpDownCounter, ["hw.type", "hw.name", "nic.port"], Status,
         "/sys/class/infiniband/*/ports/*/state and phys_state", "1 if the NIC port is ACTIVE and LinkUp (EFA's driver always says so).";
@@ -517,12 +519,13 @@ fn per_word(u: &str) -> Option<&'static str> {
     })
 }
 
-/// The Prometheus names earlier releases gave the metrics whose name changed when the
-/// translation was made exact (`[sinks.prometheus] legacy_names` serves these instead for
-/// one release).
+/// The Prometheus names earlier releases gave the metrics whose name changed (the translation
+/// made exact; a name moved out of the conventions' `k8s.*` namespace): `[sinks]
+/// legacy_names` serves these instead for one release.
 pub const LEGACY_PROMETHEUS_NAMES: &[(Metric, &str)] = &[
     (Metric::CoolantFlow, "cooling_flow_liters_per_minute"),
     (Metric::CoolantPressure, "cooling_pressure_kilopascals"),
+    (Metric::PodGpuAllocation, "k8s_pod_gpu_allocation"),
 ];
 
 fn unit_suffix(unit: &str, kind: Kind) -> Option<String> {
@@ -595,6 +598,8 @@ pub fn metrics_markdown() -> String {
             d.group.name()
         );
     }
+    out.push('\n');
+    out.push_str(include_str!("conventions.md"));
     out.push_str("\n## Descriptions\n\n");
     for d in REGISTRY {
         let _ = writeln!(out, "- `{}`: {}", d.name, d.help);

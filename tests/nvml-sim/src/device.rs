@@ -679,6 +679,10 @@ const FI_NVLINK_EFFECTIVE_BER: u32 = 220;
 const FI_NVLINK_SYMBOL_ERRORS: u32 = 221;
 const FI_NVLINK_SYMBOL_BER: u32 = 222;
 const FI_RECOVERY_ACTION: u32 = 230;
+/// `NVML_FI_DEV_PCIE_COUNT_TX_BYTES` / `_RX_BYTES`: bytes through PCIe since the driver
+/// loaded (monotonic; newer than the R535 headers).
+const FI_PCIE_TX_BYTES: u32 = 197;
+const FI_PCIE_RX_BYTES: u32 = 198;
 /// `NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_0` … `_15` (per link; NVLink5): FEC's corrected
 /// symbol errors by bin.
 const FI_NVLINK_FEC_HISTORY_0: u32 = 235;
@@ -754,6 +758,16 @@ export!(
                 FI_NVLINK_TX if nvlink => (VALUE_ULL, g.value("nvlink_tx_kib", now)),
                 FI_NVLINK_RX if nvlink => (VALUE_ULL, g.value("nvlink_rx_kib", now)),
                 FI_RECOVERY_ACTION => (VALUE_UINT, g.value("recovery_action", now)),
+                // The byte counters run at the scenario's PCIe throughput since the driver
+                // loaded (the simulator's start), as a real driver's accumulate it.
+                FI_PCIE_TX_BYTES if newer => (
+                    VALUE_ULL,
+                    g.value("pcie_tx_kbps", now).map(|k| k * 1024.0 * now),
+                ),
+                FI_PCIE_RX_BYTES if newer => (
+                    VALUE_ULL,
+                    g.value("pcie_rx_kbps", now).map(|k| k * 1024.0 * now),
+                ),
                 FI_PERF_POLICY_POWER => (VALUE_ULL, g.value("violation_power_ns", now)),
                 FI_PERF_POLICY_THERMAL => (VALUE_ULL, g.value("violation_thermal_ns", now)),
                 FI_CLOCKS_EVENT_SW_THERM if newer => {

@@ -22,7 +22,7 @@
 //! | `ecc_mode`, `ecc_{corrected,uncorrected}_{volatile,aggregate}` | ECC | count |
 //! | `retired_sbe_pages`, `retired_dbe_pages`, `retired_pending` | retired pages | count |
 //! | `remap_correctable`, `remap_uncorrectable`, `remap_pending`, `remap_failure` | remapped rows | count |
-//! | `pcie_tx_kbps`, `pcie_rx_kbps`, `pcie_replay`, `pcie_gen`, `pcie_width`, `pcie_max_gen`, `pcie_max_width` | PCIe | KB/s, count |
+//! | `pcie_tx_kbps`, `pcie_rx_kbps`, `pcie_replay`, `pcie_gen`, `pcie_width`, `pcie_max_gen`, `pcie_max_width` | PCIe (the byte counters, fields 197/198, run at the throughput since start) | KB/s, count |
 //! | `nvlink_tx_kib`, `nvlink_rx_kib` (fields 138/139, per link), `nvlink_{replay,recovery,crc_flit,crc_data,ecc_data}`, `nvlink_active_links` | NVLink (with `nvlink_count` > 0) | KiB, count |
 //! | `nvlink_recovery_{successful,failed,events}` (fields 213–215, per link) | NVLink link recovery (Blackwell) | count |
 //! | `c2c_link_count` (field 170), per link `c2c_link_status`, `c2c_max_bw_mbps`, `c2c_errors_{intr,replay,replay_b2b}` (171, 172, 231–233) | C2C links of Grace superchips | count, MB/s |

@@ -41,6 +41,9 @@ pub struct Options {
     pub no_build: bool,
     /// Where Junction serves `/metrics`.
     pub listen: String,
+    /// The Python venv the demo's Redfish server (sushy-tools) lives in; made and filled if
+    /// it lacks it. Default: `target/venv`, the one `cargo xtask test` makes.
+    pub venv: PathBuf,
 }
 
 impl Options {
@@ -48,6 +51,7 @@ impl Options {
     pub fn parse(args: &[String]) -> Result<Options> {
         let mut o = Options {
             listen: "127.0.0.1:9474".into(),
+            venv: root().join("target/venv"),
             ..Options::default()
         };
         let mut it = args.iter();
@@ -60,8 +64,9 @@ impl Options {
                 "--plain" => o.plain = true,
                 "--no-build" => o.no_build = true,
                 "--listen" => o.listen = it.next().context("--listen needs HOST:PORT")?.clone(),
+                "--venv" => o.venv = PathBuf::from(it.next().context("--venv needs a directory")?),
                 other => bail!(
-                    "unknown demo option {other:?} (use --for SECS, --plain, --no-build, --listen HOST:PORT)"
+                    "unknown demo option {other:?} (use --for SECS, --plain, --no-build, --listen HOST:PORT, --venv DIR)"
                 ),
             }
         }
@@ -112,16 +117,6 @@ impl Drop for Started {
     }
 }
 
-fn tool(name: &str, also: &[PathBuf]) -> Option<PathBuf> {
-    also.iter().find(|p| p.exists()).cloned().or_else(|| {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .flat_map(|d| [d.join(name)])
-                .find(|p| p.exists())
-        })
-    })
-}
-
 fn http_get(port: u16, path: &str) -> Option<String> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
@@ -147,6 +142,7 @@ struct Shown {
     workload: Option<String>,
     xids: BTreeMap<u32, String>,
     coolant_alarm: Option<String>,
+    ipmi: Option<String>,
 }
 
 /// The CDU mockup copy whose secondary-loop flow the demo lowers.
@@ -362,7 +358,7 @@ fn view(
     page: &str,
     seen: &receiver::Seen,
     t: f64,
-    listen: &str,
+    (listen, missing): (&str, &[(String, String)]),
     notes: &[String],
     shown: &mut Shown,
 ) -> String {
@@ -370,9 +366,14 @@ fn view(
     let mut out = String::new();
     let gpus = gpus_by_index(&s);
     out.push_str(&format!(
-        "Junction demo · {} simulated GPUs · t = {t:.0} s · Ctrl-C stops everything\n\n",
+        "Junction demo · {} simulated GPUs · t = {t:.0} s · Ctrl-C stops everything\n",
         gpus.len()
     ));
+    // What cannot run, first: where a part is missing from the view, and how to bring it.
+    for (part, command) in missing {
+        out.push_str(&format!("MISSING: {part}; to bring it: {command}\n"));
+    }
+    out.push('\n');
     out.push_str(
         "GPU  UUID           util   HBM °C  die °C  health             reasons / forecast\n",
     );
@@ -545,6 +546,17 @@ fn view(
         }
         out.push_str(&format!("  ALARM: {line}\n"));
     }
+    // A BMC's temperature, voltage or fan sensor past its thresholds (the conventions' state).
+    for st in find(&s, "hw_status", &[])
+        .iter()
+        .filter(|x| x.value == 1.0 && x.labels.contains_key("junction_target"))
+    {
+        let state = st.labels.get("hw_state").cloned().unwrap_or_default();
+        if state != "ok" {
+            let name = st.labels.get("hw_name").cloned().unwrap_or_default();
+            out.push_str(&format!("  ALARM: {name} is {state}\n"));
+        }
+    }
     let ipmi: Vec<&Series> = s
         .iter()
         .filter(|x| {
@@ -553,11 +565,15 @@ fn view(
         })
         .collect();
     for x in ipmi.iter().take(3) {
-        out.push_str(&format!(
-            "  bmc/{}: {:.0} °C\n",
+        let line = format!(
+            "bmc/{}: {:.0} °C",
             x.labels.get("hw_name").cloned().unwrap_or_default(),
             x.value
-        ));
+        );
+        if shown.ipmi.is_none() {
+            shown.ipmi = Some(format!("{line} (at t = {t:.0} s)"));
+        }
+        out.push_str(&format!("  {line}\n"));
     }
 
     out.push_str(&format!(
@@ -614,13 +630,20 @@ pub fn demo(opts: Options) -> Result<()> {
     }
     let junction = root().join("target/debug/junction");
 
+    // The Redfish server and the IPMI tools, installed as `cargo xtask test` installs them.
+    let deps = crate::setup::demo_dependencies(&opts.venv, is_root);
+    if deps.installed.is_empty() {
+        println!("demo setup: nothing to install");
+    } else {
+        println!("demo setup: installed {}", deps.installed.join("; "));
+    }
+
     let mut started: Vec<Started> = Vec::new();
     let receiver = receiver::Receiver::start(&dir.join("otlp.log"))?;
 
     // The CDU over Redfish.
-    let venv = root().join("target/venv/bin");
     let cdu = Cdu::prepare(&dir.join("redfish"));
-    let redfish = match (tool("sushy-static", &[venv.join("sushy-static")]), &cdu) {
+    let redfish = match (deps.sushy.clone().filter(|p| p.exists()), &cdu) {
         (_, Err(e)) => {
             notes.push(format!("the Redfish CDU is skipped: {e:#}"));
             None
@@ -651,18 +674,13 @@ pub fn demo(opts: Options) -> Result<()> {
                 }
             }
         }
-        (None, Ok(_)) => {
-            notes.push("the Redfish CDU is skipped: sushy-static is not installed (`cargo xtask test` makes target/venv with it)".into());
-            None
-        }
+        // Listed first in the view, with the command that installs it.
+        (None, Ok(_)) => None,
     };
 
     // The BMC over IPMI.
-    let ipmi_sim = match (
-        tool("ipmi_sim", &[]),
-        tool("ipmi-sensors", &[PathBuf::from("/usr/sbin/ipmi-sensors")]),
-    ) {
-        (Some(_), Some(_)) => {
+    let ipmi_sim = match deps.ipmi {
+        true => {
             match std::fs::read_to_string(root().join("tests/fixtures/ipmi/sim2.emu"))
                 .map_err(|e| format!("sim2.emu: {e}"))
                 .and_then(|emu| IpmiSim::try_start(&emu))
@@ -674,10 +692,8 @@ pub fn demo(opts: Options) -> Result<()> {
                 }
             }
         }
-        _ => {
-            notes.push("the IPMI BMC is skipped: ipmi_sim (openipmi) or ipmi-sensors (freeipmi-tools) is not installed".into());
-            None
-        }
+        // Listed first in the view, with the command that installs it.
+        false => None,
     };
     let ipmi = ipmi_sim.as_ref().map(|sim| sim.server.port);
 
@@ -822,7 +838,14 @@ pub fn demo(opts: Options) -> Result<()> {
         if last_view.elapsed() >= refresh {
             last_view = Instant::now();
             let page = http_get(port, "/metrics").unwrap_or_default();
-            let text = view(&page, &receiver.seen(), t, &opts.listen, &notes, &mut shown);
+            let text = view(
+                &page,
+                &receiver.seen(),
+                t,
+                (&opts.listen, &deps.missing),
+                &notes,
+                &mut shown,
+            );
             if opts.plain {
                 println!("{text}{}", "-".repeat(100));
             } else {
@@ -862,6 +885,7 @@ pub fn demo(opts: Options) -> Result<()> {
             say(&format!("xid {code}"), shown.xids.get(&code));
         }
         say("coolant alarm", shown.coolant_alarm.as_ref());
+        say("ipmi", shown.ipmi.as_ref());
         let otlp = (seen.metric_exports > 0 && seen.log_records > 0).then(|| {
             format!(
                 "{} metric exports, {} log records",

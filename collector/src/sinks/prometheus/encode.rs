@@ -64,7 +64,7 @@ fn write_label(out: &mut String, first: &mut bool, key: &str, value: &str) {
 }
 
 /// Whether `/metrics` serves the names of [`LEGACY_PROMETHEUS_NAMES`] instead
-/// (`[sinks.prometheus] legacy_names`; set once at start).
+/// (`[sinks] legacy_names`; set once at start).
 static LEGACY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Serves the earlier releases' names where a name changed (`legacy_names`).

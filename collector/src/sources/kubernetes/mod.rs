@@ -2,7 +2,7 @@
 //! processes run in.
 //!
 //! - The kubelet's pod-resources API (`List`, gRPC over its unix socket) says which devices
-//!   each container was allocated: one `k8s.pod.gpu.allocation` series per GPU or MIG device
+//!   each container was allocated: one `gpu.k8s.allocation` series per GPU or MIG device
 //!   and container, for the resources named in `resources` (NVIDIA's device plugin: GPU and
 //!   MIG UUIDs; time-sliced replicas `UUID::N` are folded onto their GPU).
 //! - The kubelet's pod log directory (`/var/log/pods/<namespace>_<name>_<uid>`) maps the pod

@@ -408,12 +408,13 @@ impl Track {
                 HealthState::Ok => Severity::Info,
                 _ => Severity::Warn,
             };
+            let (name, previous) = crate::model::events::status_change_names();
             model.events.append(
-                NewEvent::now(severity, "hw.status.change", body)
+                NewEvent::now(severity, name, body)
                     .about(key.to_string())
                     .with("hw.type", "network")
                     .with("hw.state", state.as_str())
-                    .with("hw.state.previous", before.as_str()),
+                    .with(previous, before.as_str()),
             );
         }
     }

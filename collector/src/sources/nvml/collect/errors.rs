@@ -4,8 +4,8 @@ use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, PcieUtilCounter, RetirementCause,
 };
 
-use super::raw::{self, Decode};
-use super::{FI_RECOVERY_ACTION, field};
+use super::raw::{self, Decode, FieldRequest};
+use super::{FI_PCIE_RX_BYTES, FI_PCIE_TX_BYTES, FI_RECOVERY_ACTION, field, fields};
 use crate::model::{Metric, Sample};
 use crate::sources::nvml::worker::{Ctx, Halt};
 
@@ -134,6 +134,21 @@ pub(super) fn pcie(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt>
                 Sample::new(Metric::PcieThroughput, f64::from(kib) * 1024.0)
                     .with("network.io.direction", dir),
             );
+        }
+    }
+    // The byte counters (hw.gpu.io): one call for both, each disabled on its own where the
+    // driver lacks it.
+    let bytes = fields(
+        ctx,
+        "pcie_bytes",
+        &[
+            FieldRequest::typed(FI_PCIE_TX_BYTES),
+            FieldRequest::typed(FI_PCIE_RX_BYTES),
+        ],
+    )?;
+    for (v, dir) in bytes.into_iter().zip(["transmit", "receive"]) {
+        if let Some(v) = v {
+            out.push(Sample::new(Metric::GpuIo, v).with("network.io.direction", dir));
         }
     }
     if let Some(n) = ctx.call("pcie_replay", |d| d.pcie_replay_counter())? {

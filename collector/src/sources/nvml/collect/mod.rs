@@ -59,6 +59,9 @@ pub(super) const FI_C2C_ERROR_REPLAY: u32 = 232;
 pub(super) const FI_C2C_ERROR_REPLAY_B2B: u32 = 233;
 /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`
 pub(super) const FI_RECOVERY_ACTION: u32 = 230;
+/// `NVML_FI_DEV_PCIE_COUNT_TX_BYTES` / `_RX_BYTES`: bytes through PCIe since the driver loaded.
+pub(super) const FI_PCIE_TX_BYTES: u32 = 197;
+pub(super) const FI_PCIE_RX_BYTES: u32 = 198;
 /// `NVML_FI_DEV_CLOCKS_EVENT_REASON_{SW_THERM,HW_THERM,HW_POWER_BRAKE}_SLOWDOWN`, ns (CUDA
 /// 12 numbering; `raw::field_values` maps them for drivers from 580.82).
 pub(super) const FI_VIOLATION_SW_THERMAL: u32 = 251;
