@@ -226,6 +226,25 @@ impl EventLog {
     }
 }
 
+/// Whether status changes go out under the previous release's names (`hw.status.change`,
+/// `hw.state.previous`; `[sinks] legacy_names`, set once at start).
+static LEGACY_NAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Uses the previous release's event names for status changes (`[sinks] legacy_names`).
+pub fn set_legacy_names(on: bool) {
+    LEGACY_NAMES.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The event name and previous-state attribute of a component's status change: in Junction's
+/// namespace (the conventions own `hw.*`), or the previous release's names.
+pub fn status_change_names() -> (&'static str, &'static str) {
+    if LEGACY_NAMES.load(std::sync::atomic::Ordering::Relaxed) {
+        ("hw.status.change", "hw.state.previous")
+    } else {
+        ("junction.health.change", "junction.health.previous_state")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,24 +292,5 @@ mod tests {
             t0.elapsed()
         );
         assert!(!log.wait(1, Duration::from_millis(10)));
-    }
-}
-
-/// Whether status changes go out under the previous release's names (`hw.status.change`,
-/// `hw.state.previous`; `[sinks] legacy_names`, set once at start).
-static LEGACY_NAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Uses the previous release's event names for status changes (`[sinks] legacy_names`).
-pub fn set_legacy_names(on: bool) {
-    LEGACY_NAMES.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The event name and previous-state attribute of a component's status change: in Junction's
-/// namespace (the conventions own `hw.*`), or the previous release's names.
-pub fn status_change_names() -> (&'static str, &'static str) {
-    if LEGACY_NAMES.load(std::sync::atomic::Ordering::Relaxed) {
-        ("hw.status.change", "hw.state.previous")
-    } else {
-        ("junction.health.change", "junction.health.previous_state")
     }
 }
