@@ -49,7 +49,10 @@ pub fn apt(packages: &[&str]) -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    println!("installing Debian packages: {}", missing.join(" "));
+    println!(
+        "installing Debian packages: {} (apt-get, a minute or two)",
+        missing.join(" ")
+    );
     run(Command::new("apt-get").args(["update", "-qq"])).context("apt-get update (needs root)")?;
     run(Command::new("apt-get")
         .env("DEBIAN_FRONTEND", "noninteractive")

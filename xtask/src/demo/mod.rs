@@ -915,3 +915,32 @@ pub fn demo(opts: Options) -> Result<()> {
     println!("demo stopped: everything it started has exited");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A part that cannot run is named in the view's first lines, with the command that
+    /// brings it, before anything else.
+    #[test]
+    fn what_is_missing_comes_first_with_its_command() {
+        let missing = [(
+            "the IPMI BMC (installing needs root)".to_string(),
+            "sudo apt-get install openipmi freeipmi-tools".to_string(),
+        )];
+        let text = view(
+            "",
+            &receiver::Seen::default(),
+            3.0,
+            ("127.0.0.1:9474", &missing),
+            &["a note".to_string()],
+            &mut Shown::default(),
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("Junction demo"), "{text}");
+        assert_eq!(
+            lines[1],
+            "MISSING: the IPMI BMC (installing needs root); to bring it: sudo apt-get install openipmi freeipmi-tools"
+        );
+    }
+}
