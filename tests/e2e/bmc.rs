@@ -1613,6 +1613,23 @@ fn ipmi_thresholds_equal_ipmitool_and_a_leak_is_critical() {
     }
     // GPU1 Temp has three readable thresholds, the coolant flow two.
     assert_eq!(compared, 5, "thresholds compared with ipmitool");
+    // The host's heating margin (the conventions' hw.host.heating_margin): the least, over
+    // the temperatures ipmitool reads, of the upper caution (else critical) threshold less
+    // the reading.
+    let want = ipmitool(&sim)
+        .into_iter()
+        .filter(|(_, _, unit, _)| unit == "degrees C")
+        .filter_map(|(_, v, _, th)| {
+            let upper = |n: &str| th.iter().find(|(k, _)| *k == n).map(|(_, x)| *x);
+            Some(upper("upper_caution").or_else(|| upper("upper_critical"))? - v?)
+        })
+        .reduce(f64::min)
+        .expect("a temperature with an upper threshold");
+    assert_eq!(
+        value(&s, "hw_host_heating_margin_celsius", &[]),
+        Some(want),
+        "heating margin"
+    );
     assert_eq!(
         value(
             &s,

@@ -406,6 +406,9 @@ pub struct Poll {
     /// What the poll found odd and an operator should know (a chassis with temperatures or
     /// fans in its tree and none readable), one sentence each.
     pub notes: Vec<String>,
+    /// The `hw.id` of the host the target's sensors are inside, where the target is a host's
+    /// BMC (an IPMI BMC; a Redfish service with a host chassis), not a CDU's.
+    pub host: Option<String>,
 }
 
 impl Poll {
@@ -539,8 +542,55 @@ impl Poll {
                 }
             }
         }
+        if let Some(host) = &self.host {
+            out.extend(host_temperatures(host, &self.readings, &target));
+        }
         out
     }
+}
+
+/// The conventions' host temperatures, from a host BMC's sensors: `hw.host.ambient_temperature`
+/// (the warmest air intake: what the host breathes) and `hw.host.heating_margin` (how many
+/// degrees any internal sensor has before its warning threshold: the least over the
+/// temperatures with an upper caution threshold, or a critical one where there is none).
+fn host_temperatures(host: &str, readings: &[Reading], target: &AttrValue) -> Vec<Sample> {
+    let temps = || {
+        readings
+            .iter()
+            .filter(|r| r.quantity == Quantity::Temperature && r.value.is_finite())
+    };
+    let sample = |m: Metric, v: f64, name: &str| {
+        Sample::new(m, v)
+            .with("hw.id", host.to_string())
+            .with("hw.name", name.to_string())
+            .with("junction.target", target.clone())
+    };
+    let mut out = Vec::new();
+    if let Some(r) = temps()
+        .filter(|r| matches!(r.location.as_deref(), Some("intake" | "room" | "ambient")))
+        .max_by(|a, b| a.value.total_cmp(&b.value))
+    {
+        out.push(sample(Metric::HostAmbient, r.value, &r.name));
+    }
+    let margin = |r: &Reading| {
+        let upper = |kind: &str| {
+            r.thresholds
+                .iter()
+                .filter(|(n, _)| *n == kind)
+                .map(|(_, v)| *v)
+                .reduce(f64::min)
+        };
+        upper("upper_caution")
+            .or_else(|| upper("upper_critical"))
+            .map(|t| t - r.value)
+    };
+    if let Some((r, m)) = temps()
+        .filter_map(|r| margin(r).map(|m| (r, m)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+    {
+        out.push(sample(Metric::HostHeatingMargin, m, &r.name));
+    }
+    out
 }
 
 /// `hw.status` of a BMC component or sensor: 1 for its state (ok, degraded, failed).
@@ -725,6 +775,7 @@ mod tests {
                 host, avg, psu_in, psu_out, copy, by_context, cpu, hsc, gpu_energy,
             ],
             notes: Vec::new(),
+            host: None,
         };
         let s = poll.samples();
         let one = |id: &str| routed(&s, id);
@@ -770,6 +821,7 @@ mod tests {
             components: Vec::new(),
             readings: vec![t, flow],
             notes: Vec::new(),
+            host: Some("bmc".into()),
         };
         let s = poll.samples();
         let limits: Vec<_> = s
@@ -794,6 +846,13 @@ mod tests {
         };
         assert_eq!(state("t", Metric::Status, "hw.state"), ["degraded"]);
         assert!(state("t", Metric::SensorState, "bmc.sensor.state").is_empty());
+        // The host's heating margin: 80 − 85, the sensor past its caution threshold.
+        let margin: Vec<_> = s
+            .iter()
+            .filter(|x| x.metric == Metric::HostHeatingMargin)
+            .map(|x| (x.attr("hw.id").unwrap_or(""), x.value))
+            .collect();
+        assert_eq!(margin, [("bmc", -5.0)]);
         // Flow has no family in the conventions: it keeps Junction's own.
         assert_eq!(
             state("f", Metric::SensorState, "bmc.sensor.state"),

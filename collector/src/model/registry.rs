@@ -340,6 +340,10 @@ registry! {
         "Redfish EnvironmentMetrics.PowerWatts or PowerControl.PowerConsumedWatts of the host chassis (a root chassis of a server's type); IPMI system power sensors", "Power drawn by the whole host, as its BMC measures it (never summed with hw.power: the host's total contains its components).";
     HostEnergy = "hw.host.energy", "J", Counter, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish EnvironmentMetrics.EnergyJoules / EnergykWh of the host chassis", "Energy consumed by the whole host, as its BMC counts it.";
+    HostAmbient = "hw.host.ambient_temperature", "Cel", Gauge, ["hw.name", "junction.target"], Status,
+        "a host BMC's warmest air-intake temperature sensor (Redfish PhysicalContext Intake, Room; IPMI sensors named inlet, ambient, intake)", "The temperature of the air the host takes in (hw.id: the host; hw.name: the sensor).";
+    HostHeatingMargin = "hw.host.heating_margin", "Cel", Gauge, ["hw.name", "junction.target"], Status,
+        "a host BMC's temperature sensors and their upper caution (else critical) thresholds", "How many degrees the host's temperature can rise before a sensor reaches its warning threshold: the least over its sensors (hw.name: that sensor; negative past it).";
     PowerSupplyUsage = "hw.power_supply.usage", "W", UpDownCounter, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,
         "Redfish PowerSupplyMetrics.OutputPowerWatts, legacy PowerSupplies.PowerOutputWatts; IPMI power-supply output sensors", "Power a power supply delivers (its input, which holds everything the host draws through it, is bmc.power{hw.type=power_supply}).";
     BmcPower = "bmc.power", "W", Gauge, ["hw.type", "hw.name", "hw.parent", "hw.sensor_location", "junction.target"], Status,

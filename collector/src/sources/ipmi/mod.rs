@@ -403,7 +403,8 @@ pub fn parse_line(target: &str, line: &str) -> Option<Reading> {
 
 /// What an IPMI sensor is about, from its name (lower case) and SDR sensor type: the SDR
 /// carries an entity ID, which `ipmi-sensors` does not print, so the names BMC vendors give
-/// decide: `hw.sensor_location` (cpu, memory, gpu, power_supply, fan, intake) and, for a
+/// decide: `hw.sensor_location` (cpu, memory, gpu, power_supply, fan, liquid_inlet,
+/// liquid_outlet, intake) and, for a
 /// power sensor, whether it is the host's total (`Pwr Consumption`, `Total Power`, `System
 /// Power`, `Avg Power`) or a supply's output.
 fn ipmi_context(lname: &str, ty: &str) -> (Option<String>, Scope) {
@@ -432,6 +433,14 @@ fn ipmi_context(lname: &str, ty: &str) -> (Option<String>, Scope) {
         Some("memory")
     } else if starts("fan") {
         Some("fan")
+    } else if has("coolant") || has("liquid") || has("water") {
+        if has("inlet") || has("supply") {
+            Some("liquid_inlet")
+        } else if has("outlet") || has("return") {
+            Some("liquid_outlet")
+        } else {
+            None
+        }
     } else if has("inlet") || has("ambient") || has("intake") {
         Some("intake")
     } else {
@@ -488,6 +497,8 @@ async fn read(t: &IpmiTarget, w: &Workdir, requests: &mut u64) -> Result<Poll, E
         }],
         readings,
         notes: Vec::new(),
+        // A BMC on IPMI is the host's own.
+        host: Some(target.clone()),
     })
 }
 

@@ -120,6 +120,7 @@ impl Acc {
                 components: self.components,
                 readings: self.readings,
                 notes: self.notes,
+                host: self.chassis.values().find(|c| c.host).map(|c| c.id.clone()),
             },
             failed: self.failed,
             misnamed: self.misnamed,
