@@ -60,4 +60,18 @@ pub struct Component {
     /// A stage that derives from what the others collected (the health rules): run after the
     /// one collection of `junction once` / `inventory`, not counted as one.
     pub derive: Option<Inspect>,
+    /// Why it is off though the configuration or environment addresses it (an OTLP endpoint
+    /// without `enabled = true`): a WARN when `junction run` starts, and its line in
+    /// `junction inventory`.
+    pub off_but_asked: Option<fn(&Config) -> Option<String>>,
+}
+
+/// For every component the configuration leaves off though it addresses it: (its name, why).
+pub fn off_but_asked(config: &Config) -> Vec<(&'static str, String)> {
+    crate::sources::ALL
+        .iter()
+        .chain(crate::sinks::ALL)
+        .filter(|c| !(c.enabled)(config))
+        .filter_map(|c| Some((c.name, (c.off_but_asked?)(config)?)))
+        .collect()
 }

@@ -90,10 +90,8 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     let (stop_sources, stop_sinks) = (Shutdown::default(), Shutdown::default());
     // Nothing reads untrusted input until the capabilities it does not need are gone.
     crate::privileges::close_gate();
-    if let Some(why) =
-        sinks::otlp::off_but_addressed(&config.sinks.otlp, &|k| std::env::var(k).ok())
-    {
-        tracing::warn!("{why}");
+    for (component, why) in crate::agent::off_but_asked(&config) {
+        tracing::warn!(component, "{why}");
     }
     let mut sink_tasks = Vec::new();
     for sink in sinks::ALL.iter().filter(|s| (s.enabled)(&config)) {
@@ -319,10 +317,8 @@ fn collect_once(config: Config, inspect: bool) -> anyhow::Result<(Arc<Model>, Ve
                 lines.extend(details.get(name).cloned().unwrap_or_default());
                 model.set_source_detail(name, lines);
             }
-            if let Some(why) =
-                sinks::otlp::off_but_addressed(&config.sinks.otlp, &|k| std::env::var(k).ok())
-            {
-                model.set_source_detail("otlp", vec![why]);
+            for (component, why) in crate::agent::off_but_asked(&config) {
+                model.set_source_detail(component, vec![why]);
             }
             // Partial failures are in the Sources section; a total one fails the command.
             let total = ran > 0 && failures.len() == ran;
@@ -436,6 +432,7 @@ mod tests {
         once: None,
         inspect: None,
         derive: None,
+        off_but_asked: None,
     };
 
     /// A source that panics is reported down with the panic, and started again.

@@ -126,6 +126,7 @@ pub const COMPONENT: Component = Component {
     once: None,
     inspect: None,
     derive: None,
+    off_but_asked: None,
 };
 
 /// `hostname`, else `$NODE_NAME`, else the kernel's host name.

@@ -208,6 +208,7 @@ pub const COMPONENT: Component = Component {
     once: None,
     inspect: None,
     derive: None,
+    off_but_asked: Some(|c| off_but_addressed(&c.sinks.otlp, &|k| std::env::var(k).ok())),
 };
 
 /// Resolves the settings (a bad `OTEL_*` variable fails the start, naming it), builds the

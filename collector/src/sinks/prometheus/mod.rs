@@ -42,6 +42,7 @@ pub const COMPONENT: Component = Component {
     once: None,
     inspect: None,
     derive: None,
+    off_but_asked: None,
 };
 
 /// Renders the whole model as Prometheus text.

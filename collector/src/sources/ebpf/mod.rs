@@ -120,6 +120,7 @@ pub const COMPONENT: Component = Component {
         })
     }),
     derive: None,
+    off_but_asked: None,
 };
 
 fn params(c: &EbpfConfig) -> loader::Params {

@@ -126,6 +126,7 @@ pub const COMPONENT: Component = Component {
             ev.evaluate(&model);
         })
     }),
+    off_but_asked: None,
 };
 
 /// What the evaluator remembers about a GPU.

@@ -116,6 +116,7 @@ pub const COMPONENT: AgentComponent = AgentComponent {
     once: Some(|c, model| Box::pin(once(c, model))),
     inspect: None,
     derive: None,
+    off_but_asked: None,
 };
 
 /// Why a read failed.

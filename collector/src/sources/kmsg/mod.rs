@@ -112,6 +112,7 @@ pub const COMPONENT: Component = Component {
         Box::pin(async move { model.set_source_detail("kmsg", describe(&c.sources.kmsg)) })
     }),
     derive: None,
+    off_but_asked: None,
 };
 
 /// What `junction inventory` shows about the source: each input and whether it can be read

@@ -99,6 +99,7 @@ pub const COMPONENT: Component = Component {
     once: Some(|c, model| Box::pin(once(c, model))),
     inspect: None,
     derive: None,
+    off_but_asked: None,
 };
 
 /// One device allocated to one container.

@@ -102,6 +102,7 @@ pub const COMPONENT: Component = Component {
     }),
     inspect: None,
     derive: None,
+    off_but_asked: None,
 };
 
 async fn run(config: Arc<Config>, ctx: Ctx) {

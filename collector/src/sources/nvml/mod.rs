@@ -223,6 +223,7 @@ pub const COMPONENT: Component = Component {
     }),
     inspect: None,
     derive: None,
+    off_but_asked: None,
 };
 
 /// Builds the source off the async workers (a hung `nvmlInit` must neither hide `/metrics`

@@ -69,6 +69,7 @@ pub const COMPONENT: Component = Component {
     }),
     inspect: None,
     derive: None,
+    off_but_asked: None,
 };
 
 async fn run(config: Arc<Config>, ctx: Ctx) {

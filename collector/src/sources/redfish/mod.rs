@@ -135,6 +135,7 @@ pub const COMPONENT: Component = Component {
     once: Some(|c, model| Box::pin(once(c, model))),
     inspect: None,
     derive: None,
+    off_but_asked: None,
 };
 
 /// A Redfish target being polled.
