@@ -815,43 +815,17 @@ fn modes_agree(g: &serde_json::Value, p: &serde_json::Value, what: &str) {
 /// value: the exposition is accepted end to end, not only by `promtool`.
 #[test]
 fn prometheus_scrapes_and_queries() {
-    let Some(prometheus) = support::require_tool("prometheus", None) else {
+    let agent = Agent::start("h100-training.toml", "current");
+    let Some(prom) = support::prometheus::Prometheus::start(agent.port, None) else {
         return;
     };
-    let agent = Agent::start("h100-training.toml", "current");
-    let dir = support::temp_dir();
-    let web = support::free_port();
-    std::fs::write(
-        dir.join("prometheus.yml"),
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: junction\n    static_configs:\n      - targets: [\"127.0.0.1:{}\"]\n",
-            agent.port
-        ),
-    )
-    .expect("prometheus config");
-    let mut server = std::process::Command::new(prometheus)
-        .arg(format!(
-            "--config.file={}",
-            dir.join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{web}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start prometheus");
-    // sum(hw_gpu_utilization_ratio{hw_gpu_task="general"}), URL-encoded.
-    let url = "/api/v1/query?query=sum(hw_gpu_utilization_ratio%7Bhw_gpu_task%3D%22general%22%7D)";
     let start = std::time::Instant::now();
     let result = loop {
-        if let Ok(body) = support::get(web, url, Duration::from_secs(2)) {
-            let v: serde_json::Value = serde_json::from_str(&body).expect("prometheus json");
-            if let Some(value) = v["data"]["result"][0]["value"][1].as_str() {
-                break value.parse::<f64>().expect("number");
-            }
+        let r = prom
+            .result("sum(hw_gpu_utilization_ratio{hw_gpu_task=\"general\"})")
+            .expect("query");
+        if let Some(value) = r[0]["value"][1].as_str() {
+            break value.parse::<f64>().expect("number");
         }
         assert!(
             start.elapsed() < Duration::from_secs(60),
@@ -859,8 +833,6 @@ fn prometheus_scrapes_and_queries() {
         );
         std::thread::sleep(Duration::from_millis(500));
     };
-    let _ = server.kill();
-    let _ = server.wait();
     // Eight GPUs at 97 % each.
     assert!(
         (result - 8.0 * 0.97).abs() < 1e-9,
