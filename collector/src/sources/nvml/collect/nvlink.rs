@@ -50,45 +50,25 @@ pub fn decode_ber(raw: u64) -> f64 {
 /// The NVLink5 error counters and BERs of one link (pre-Blackwell parts answer
 /// NOT_SUPPORTED for every field: the link's group is disabled).
 fn nvlink5(ctx: &mut Ctx<'_>, link: u32, out: &mut Vec<Sample>) -> Result<(), Halt> {
-    let nvml = ctx.nvml;
     let name = index_name(link);
-    let requests: Vec<FieldRequest> = NVLINK5
-        .iter()
-        .map(|(id, _, _)| FieldRequest {
-            id: *id,
-            scope: link,
-            decode: Decode::Typed,
-        })
-        .collect();
-    let feature = Feature::at("nvlink5_counters", link);
-    let Some(v) = ctx.call(feature, |d| raw::field_values(nvml, d, &requests))? else {
+    let ids: Vec<u32> = NVLINK5.iter().map(|(id, _, _)| *id).collect();
+    let Some(v) = link_fields(ctx, "nvlink5_counters", link, &ids)? else {
         return Ok(());
     };
-    let mut any = false;
-    let mut unsupported = None;
-    for (r, (_, ty, ber)) in v.into_iter().zip(NVLINK5) {
-        match r {
-            Ok(x) if ber => {
-                any = true;
-                out.push(
-                    Sample::new(Metric::NvlinkBer, decode_ber(x.max(0.0) as u64))
-                        .with("gpu.nvlink.link", name)
-                        .with("gpu.nvlink.ber.type", ty),
-                );
-            }
-            Ok(x) => {
-                any = true;
-                out.push(
-                    Sample::new(Metric::NvlinkErrors, x)
-                        .with("gpu.nvlink.link", name)
-                        .with("gpu.nvlink.error.type", ty),
-                );
-            }
-            Err(e) => unsupported = Some(e),
+    for (x, (_, ty, ber)) in v.into_iter().zip(NVLINK5) {
+        match x {
+            Some(x) if ber => out.push(
+                Sample::new(Metric::NvlinkBer, decode_ber(x.max(0.0) as u64))
+                    .with("gpu.nvlink.link", name)
+                    .with("gpu.nvlink.ber.type", ty),
+            ),
+            Some(x) => out.push(
+                Sample::new(Metric::NvlinkErrors, x)
+                    .with("gpu.nvlink.link", name)
+                    .with("gpu.nvlink.error.type", ty),
+            ),
+            None => {}
         }
-    }
-    if let Some(e) = unsupported.filter(|_| !any) {
-        ctx.failed(feature, e)?;
     }
     Ok(())
 }
@@ -96,33 +76,51 @@ fn nvlink5(ctx: &mut Ctx<'_>, link: u32, out: &mut Vec<Sample>) -> Result<(), Ha
 /// One link's FEC history bins, added into `bins` (a bin the driver does not give stays as it
 /// was). Per GPU, not per link: 16 bins on each of 18 links would be 288 series a GPU.
 fn fec_history(ctx: &mut Ctx<'_>, link: u32, bins: &mut [Option<f64>]) -> Result<(), Halt> {
+    let ids: Vec<u32> = (0..FEC_BINS).map(|b| FI_NVLINK_FEC_HISTORY_0 + b).collect();
+    let Some(v) = link_fields(ctx, "nvlink_fec_history", link, &ids)? else {
+        return Ok(());
+    };
+    for (x, bin) in v.into_iter().zip(bins.iter_mut()) {
+        if let Some(x) = x {
+            *bin = Some(bin.unwrap_or(0.0) + x.max(0.0));
+        }
+    }
+    Ok(())
+}
+
+/// A group of one link's fields read in one call under `feature` (at the link): one entry
+/// per id, `None` where that field is unavailable; the group is disabled on that link only
+/// where none of its fields is (a driver that has some of a group has the group).
+fn link_fields(
+    ctx: &mut Ctx<'_>,
+    feature: &'static str,
+    link: u32,
+    ids: &[u32],
+) -> Result<Option<Vec<Option<f64>>>, Halt> {
     let nvml = ctx.nvml;
-    let requests: Vec<FieldRequest> = (0..FEC_BINS)
-        .map(|b| FieldRequest {
-            id: FI_NVLINK_FEC_HISTORY_0 + b,
+    let requests: Vec<FieldRequest> = ids
+        .iter()
+        .map(|id| FieldRequest {
+            id: *id,
             scope: link,
             decode: Decode::Typed,
         })
         .collect();
-    let feature = Feature::at("nvlink_fec_history", link);
+    let feature = Feature::at(feature, link);
     let Some(v) = ctx.call(feature, |d| raw::field_values(nvml, d, &requests))? else {
-        return Ok(());
+        return Ok(None);
     };
-    let mut any = false;
     let mut unsupported = None;
-    for (r, bin) in v.into_iter().zip(bins.iter_mut()) {
-        match r {
-            Ok(x) => {
-                any = true;
-                *bin = Some(bin.unwrap_or(0.0) + x.max(0.0));
-            }
-            Err(e) => unsupported = Some(e),
-        }
-    }
-    if let Some(e) = unsupported.filter(|_| !any) {
+    let values: Vec<Option<f64>> = v
+        .into_iter()
+        .map(|r| r.map_err(|e| unsupported = Some(e)).ok())
+        .collect();
+    if values.iter().all(Option::is_none)
+        && let Some(e) = unsupported
+    {
         ctx.failed(feature, e)?;
     }
-    Ok(())
+    Ok(Some(values))
 }
 
 /// The C2C links of a Grace superchip (GH200, GB200): state, the most bandwidth, errors.
