@@ -187,11 +187,37 @@ fn hpc_jobs(dir: &str, index: u32) -> Vec<String> {
         .collect()
 }
 
+/// A GPU's samples by metric, gathered once per render: each field looks up its metric's few
+/// samples rather than scanning all of the GPU's.
+struct Samples<'a>(Vec<Vec<&'a Sample>>);
+
+impl<'a> Samples<'a> {
+    fn of(slot: &'a GpuSlot) -> Self {
+        let mut by = vec![Vec::new(); crate::model::REGISTRY.len()];
+        for s in slot.groups.iter().flat_map(|g| g.iter()) {
+            by[s.metric as usize].push(s);
+        }
+        Self(by)
+    }
+
+    fn get(&self, m: Metric) -> impl Iterator<Item = &'a Sample> + '_ {
+        self.0[m as usize].iter().copied()
+    }
+}
+
+/// One row of the page (a GPU, or a GPU instance of a MIG-enabled GPU): its samples, its
+/// GPU instance, the fixed head of its lines and one tail per job.
+struct Row<'a> {
+    slot: &'a GpuSlot,
+    samples: &'a Samples<'a>,
+    gi: Option<String>,
+    head: String,
+    tails: Vec<String>,
+}
+
 /// A GPU-level sample: the metric with these attributes, not a MIG instance's.
-fn gpu_value(slot: &GpuSlot, m: Metric, attrs: &[(&str, &str)]) -> Option<f64> {
-    slot.groups
-        .iter()
-        .flat_map(|g| g.iter())
+fn gpu_value(slot: &Samples<'_>, m: Metric, attrs: &[(&str, &str)]) -> Option<f64> {
+    slot.get(m)
         .find(|s| {
             s.metric == m
                 && s.attr("gpu.mig.gpu_instance_id").is_none()
@@ -210,12 +236,9 @@ struct Instance {
 }
 
 /// The GPU instances whose profile is known, in id order.
-fn instances(slot: &GpuSlot) -> Vec<Instance> {
+fn instances(slot: &Samples<'_>) -> Vec<Instance> {
     let mut out: Vec<Instance> = Vec::new();
-    for s in slot.groups.iter().flat_map(|g| g.iter()) {
-        if s.metric != Metric::MigMemoryLimit {
-            continue;
-        }
+    for s in slot.get(Metric::MigMemoryLimit) {
         let (Some(id), Some(profile), Some(uuid)) = (
             s.attr("gpu.mig.gpu_instance_id"),
             s.attr("gpu.mig.profile"),
@@ -238,11 +261,9 @@ fn instances(slot: &GpuSlot) -> Vec<Instance> {
 
 /// A field's value on a GPU instance's row: the instance's own memory and GPM readings, the
 /// GPU's for what the GPU as a whole reports (temperature, power, clocks).
-fn instance_value(slot: &GpuSlot, m: Metric, attrs: &[(&str, &str)], gi: &str) -> Option<f64> {
+fn instance_value(slot: &Samples<'_>, m: Metric, attrs: &[(&str, &str)], gi: &str) -> Option<f64> {
     let own = |metric: Metric, attrs: &[(&str, &str)]| {
-        slot.groups
-            .iter()
-            .flat_map(|g| g.iter())
+        slot.get(metric)
             .find(|s| {
                 s.metric == metric
                     && s.attr("gpu.mig.gpu_instance_id") == Some(gi)
@@ -297,10 +318,11 @@ pub fn render(model: &Model, fields: &[Selected], hostname: &str, hpc_dir: &str)
     let labels: Vec<&Selected> = fields.iter().filter(|s| s.kind == Kind::Label).collect();
     // The fixed part of each row's lines (a GPU's, or each GPU instance's on a MIG-enabled
     // GPU), and its attributes but XID's.
-    let mut heads: Vec<(&GpuSlot, Option<String>, String, Vec<String>)> = Vec::new();
-    for slot in &slots {
+    let indexed: Vec<Samples<'_>> = slots.iter().map(Samples::of).collect();
+    let mut heads: Vec<Row<'_>> = Vec::new();
+    for (slot, samples) in slots.iter().zip(&indexed) {
         let i = &slot.info;
-        let insts = instances(slot);
+        let insts = instances(samples);
         let rows: Vec<Option<&Instance>> = if insts.is_empty() {
             vec![None]
         } else {
@@ -365,28 +387,38 @@ pub fn render(model: &Model, fields: &[Selected], hostname: &str, hpc_dir: &str)
                         .collect::<String>()
                 })
                 .collect();
-            heads.push((slot, inst.map(|g| g.id.clone()), h, tails));
+            heads.push(Row {
+                slot,
+                samples,
+                gi: inst.map(|g| g.id.clone()),
+                head: h,
+                tails,
+            });
         }
     }
     let mut out = String::with_capacity(256 * fields.len() * slots.len().max(1));
     for sel in fields.iter().filter(|s| s.kind != Kind::Label) {
         let mut lines = String::new();
-        for (slot, gi, head, tails) in &heads {
+        for Row {
+            slot,
+            samples,
+            gi,
+            head,
+            tails,
+        } in &heads
+        {
             let (value, xid) = match sel.field.source {
                 Source::Nvml(m, attrs, k) => {
                     let v = match gi {
-                        Some(gi) => instance_value(slot, m, attrs, gi),
-                        None => gpu_value(slot, m, attrs),
+                        Some(gi) => instance_value(samples, m, attrs, gi),
+                        None => gpu_value(samples, m, attrs),
                     };
                     (v.map(|v| v * k), None)
                 }
                 Source::Sum(m, k) => {
                     let mut any = false;
-                    let sum: f64 = slot
-                        .groups
-                        .iter()
-                        .flat_map(|g| g.iter())
-                        .filter(|s: &&Sample| s.metric == m)
+                    let sum: f64 = samples
+                        .get(m)
                         .inspect(|_| any = true)
                         .map(|s| s.value)
                         .sum();
