@@ -56,6 +56,28 @@ pub(crate) fn once(config_text: &str) -> (bool, String, String) {
     )
 }
 
+/// Each (target name, tree) served by `sushy-static`: the servers (stopped on drop) and the
+/// `[[sources.redfish.targets]]` sections that poll them (each with `extra`).
+pub(crate) fn serve_trees(
+    tool: &Path,
+    trees: &[(&str, PathBuf)],
+    extra: &str,
+) -> (Vec<bmc::Server>, String) {
+    let servers: Vec<_> = trees
+        .iter()
+        .map(|(_, d)| bmc::sushy_static(tool, d))
+        .collect();
+    let mut sections = String::new();
+    for ((name, _), s) in trees.iter().zip(&servers) {
+        sections.push_str(&redfish_target(
+            name,
+            &format!("http://127.0.0.1:{}", s.port),
+            extra,
+        ));
+    }
+    (servers, sections)
+}
+
 pub(crate) fn redfish_target(name: &str, url: &str, extra: &str) -> String {
     format!("\n[[sources.redfish.targets]]\nname = {name:?}\nurl = {url:?}\n{extra}\n")
 }
@@ -293,18 +315,7 @@ fn dmtf_and_dgx_mockups_every_exported_value_equals_the_tree() {
         ),
         ("dgx", shared_redfish().join("nvidia-dgx-h100/redfish/v1")),
     ];
-    let servers: Vec<_> = trees
-        .iter()
-        .map(|(_, d)| bmc::sushy_static(&tool, d))
-        .collect();
-    let mut sections = String::new();
-    for ((name, _), s) in trees.iter().zip(&servers) {
-        sections.push_str(&redfish_target(
-            name,
-            &format!("http://127.0.0.1:{}", s.port),
-            "",
-        ));
-    }
+    let (_servers, sections) = serve_trees(&tool, &trees, "");
     let (ok, out, err) = once(&config(&sections, false, support::free_port()));
     assert!(ok, "{err}");
     let series = parse(&out);

@@ -408,7 +408,7 @@ fn own_draw_in_tree(dir: &std::path::Path, sums: &mut BTreeMap<String, f64>) {
 /// lifetime count.
 #[test]
 fn sums_by_hw_type_count_each_gpu_once_with_the_bmcs() {
-    use crate::bmc::{config, project_tree, redfish_target, shared_redfish};
+    use crate::bmc::{config, project_tree, serve_trees, shared_redfish};
     use crate::support::bmc as sbmc;
     let Some(tool) = sbmc::venv_tool("sushy-static") else {
         return;
@@ -430,18 +430,7 @@ fn sums_by_hw_type_count_each_gpu_once_with_the_bmcs() {
         ),
         ("rack", project_tree(&serial)),
     ];
-    let servers: Vec<_> = trees
-        .iter()
-        .map(|(_, d)| sbmc::sushy_static(&tool, d))
-        .collect();
-    let mut sections = String::new();
-    for ((name, _), s) in trees.iter().zip(&servers) {
-        sections.push_str(&redfish_target(
-            name,
-            &format!("http://127.0.0.1:{}", s.port),
-            "interval_secs = 5\n",
-        ));
-    }
+    let (_servers, sections) = serve_trees(&tool, &trees, "interval_secs = 5\n");
     let port = support::free_port();
     let mut agent = Agent::spawn_config("bmc-sums.toml", &config(&sections, true, port));
     // Every target's whole tree read (the DGX's eight GPU readings and the shared GPU's).

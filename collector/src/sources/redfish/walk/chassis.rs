@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::Walker;
 use super::map::{self, Chassis, Out, Owner, Part, link, strip, text};
-use crate::model::bmc::{Component, Quantity, Scope};
+use crate::model::bmc::{Component, Quantity};
 use crate::model::lock;
 
 /// The links of a chassis that lead to temperatures or fans.
@@ -172,15 +172,7 @@ impl Walker {
                 parent: None,
             };
             let mut env = map::environment(&env, owner);
-            // A chassis' power and energy: the host's total, a GPU's (the BMC's copy), or a
-            // sub-total of what it holds.
-            let scope = if chassis.host {
-                Scope::Host
-            } else if chassis.gpu {
-                Scope::Auto
-            } else {
-                Scope::Aside
-            };
+            let scope = chassis.total_scope();
             for (_, r) in &mut env.excerpts {
                 if matches!(r.quantity, Quantity::Power | Quantity::Energy) {
                     r.scope = scope;

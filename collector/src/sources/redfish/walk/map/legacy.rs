@@ -118,14 +118,8 @@ pub struct LegacyPower {
 /// A legacy `Power` resource of the chassis `parent`.
 pub fn legacy_power(ids: Ids<'_>, doc: &Value, chassis: &Chassis) -> LegacyPower {
     let parent = chassis.id.as_str();
-    // PowerControl is the chassis' total: the host's, a GPU's, or a sub-total.
-    let total = if chassis.host {
-        Scope::Host
-    } else if chassis.gpu {
-        Scope::Auto
-    } else {
-        Scope::Aside
-    };
+    // PowerControl is the chassis' total.
+    let total = chassis.total_scope();
     let mut out = LegacyPower {
         power: Vec::new(),
         voltage: Vec::new(),

@@ -78,6 +78,21 @@ pub struct Chassis {
     pub host: bool,
 }
 
+impl Chassis {
+    /// What the chassis' own totals (EnvironmentMetrics, PowerControl) stand for: the host's,
+    /// a GPU's (the BMC's copy), or a sub-total of what it holds.
+    pub fn total_scope(&self) -> crate::model::bmc::Scope {
+        use crate::model::bmc::Scope;
+        if self.host {
+            Scope::Host
+        } else if self.gpu {
+            Scope::Auto
+        } else {
+            Scope::Aside
+        }
+    }
+}
+
 /// Chassis types of a whole server (DSP0268 `ChassisType`): a root chassis of one of these
 /// is the host, and its power and energy totals are `hw.host.*`. A GPU baseboard (`Zone`,
 /// `Module`), a CDU or a rack is not.
