@@ -24,9 +24,17 @@ pub fn set_identity_attributes(on: bool) {
 /// their GPU refinements (`metric_attributes.hw.gpu`: hw.gpu.*, hw.errors, hw.status), and
 /// the GPU's hw.power / hw.energy.
 pub fn takes_identity(metric: usize) -> bool {
-    let name = REGISTRY[metric].name;
-    name.starts_with("hw.gpu.")
-        || matches!(name, "hw.errors" | "hw.status" | "hw.power" | "hw.energy")
+    // Decided once per metric, not per series on every scrape and export.
+    static TAKES: std::sync::OnceLock<Vec<bool>> = std::sync::OnceLock::new();
+    TAKES.get_or_init(|| {
+        REGISTRY
+            .iter()
+            .map(|d| {
+                d.name.starts_with("hw.gpu.")
+                    || matches!(d.name, "hw.errors" | "hw.status" | "hw.power" | "hw.energy")
+            })
+            .collect()
+    })[metric]
 }
 
 /// The identity attributes the conventions recommend on a GPU's series (`hw.vendor`,
