@@ -42,8 +42,6 @@ struct Data {
 
 /// The capability masks every thread applies (low and high words of effective = permitted).
 static MASK: AtomicU64 = AtomicU64::new(0);
-/// Threads that have applied it.
-static DONE: AtomicU32 = AtomicU32::new(0);
 /// The last error a thread met (0 = none).
 static FAILED: AtomicI32 = AtomicI32::new(0);
 
@@ -128,7 +126,6 @@ extern "C" fn on_signal(_: libc::c_int) {
     if e != 0 {
         FAILED.store(e, Ordering::SeqCst);
     }
-    DONE.fetch_add(1, Ordering::SeqCst);
 }
 
 /// Drops every capability but `keep` on every thread, and from the bounding and ambient sets;
@@ -150,7 +147,6 @@ pub fn drop_all_but(keep: &[u32]) -> Result<u64, String> {
     LAST_CAP.store(last.min(63), Ordering::SeqCst);
     // Every other thread, through a signal; then this one.
     MASK.store(mask, Ordering::SeqCst);
-    DONE.store(0, Ordering::SeqCst);
     let sig = libc::SIGRTMIN() + 5;
     // SAFETY: installing a handler that only makes one system call and touches atomics;
     // SA_RESTART so that interrupted calls resume.
@@ -163,41 +159,104 @@ pub fn drop_all_but(keep: &[u32]) -> Result<u64, String> {
             return Err("sigaction failed".into());
         }
     }
-    let me = unsafe { libc::gettid() };
-    let pid = std::process::id() as i32;
-    let mut sent = 0u32;
-    if let Ok(rd) = std::fs::read_dir("/proc/self/task") {
-        for t in rd.flatten() {
-            let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            if tid == me {
-                continue;
-            }
-            // SAFETY: tgkill(2) to a thread of this process.
-            if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) } == 0 {
-                sent += 1;
-            }
-        }
-    }
+    // This thread first: a thread it starts from now on inherits the reduced sets.
     let e = restrict_this_thread(mask);
     if e != 0 {
         return Err(format!("capset failed: errno {e}"));
     }
+    // SAFETY: gettid(2) has no preconditions.
+    let me = unsafe { libc::gettid() };
+    let pid = std::process::id() as i32;
+    // Every other thread, through a signal, until a pass over /proc/self/task finds none
+    // left holding more: a thread started meanwhile by one not yet restricted (a blocking
+    // pool thread, a library's worker) inherited the full sets and is signalled in the next
+    // pass. A thread is signalled again only if it has not answered within 100 ms (it may
+    // have been ending when the signal came).
+    let mut signalled: std::collections::HashMap<i32, Instant> = std::collections::HashMap::new();
     let start = Instant::now();
-    while DONE.load(Ordering::SeqCst) < sent && start.elapsed() < Duration::from_secs(2) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    if DONE.load(Ordering::SeqCst) < sent {
-        return Err(format!(
-            "{} of {sent} threads did not answer",
-            sent - DONE.load(Ordering::SeqCst)
-        ));
+    loop {
+        let pending = threads_holding_more(me, mask);
+        if pending.is_empty() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(2) {
+            return Err(format!(
+                "{} threads still hold more after 2 s (first: {})",
+                pending.len(),
+                pending[0].1
+            ));
+        }
+        for (tid, _) in pending {
+            if signalled
+                .get(&tid)
+                .is_some_and(|at| at.elapsed() < Duration::from_millis(100))
+            {
+                continue;
+            }
+            // SAFETY: tgkill(2) to a thread of this process.
+            unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
+            signalled.insert(tid, Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
     match FAILED.load(Ordering::SeqCst) {
         0 => Ok(mask),
         e => Err(format!("capset failed on a thread: errno {e}")),
     }
+}
+
+/// Threads of this process but `me` whose sets exceed `mask` or that lack `no_new_privs`,
+/// with what is wrong (a thread that ends while being read is left out).
+fn threads_holding_more(me: i32, mask: u64) -> Vec<(i32, String)> {
+    let Ok(rd) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|t| {
+            let tid = t.file_name().to_string_lossy().parse::<i32>().ok()?;
+            if tid == me {
+                return None;
+            }
+            let text = std::fs::read_to_string(t.path().join("status")).ok()?;
+            thread_problem(&tid.to_string(), &text, mask)
+                .err()
+                .map(|e| (tid, e))
+        })
+        .collect()
+}
+
+/// What a thread's `/proc/.../status` says it holds beyond `mask` (effective, permitted,
+/// inheritable, ambient, `no_new_privs`), or `Ok`.
+fn thread_problem(tid: &str, text: &str, mask: u64) -> Result<(), String> {
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .and_then(|v| u64::from_str_radix(v, 16).ok().or_else(|| v.parse().ok()))
+    };
+    for (name, allowed) in [
+        ("CapEff:", mask),
+        ("CapPrm:", mask),
+        ("CapInh:", 0),
+        ("CapAmb:", 0),
+    ] {
+        match field(name) {
+            Some(v) if v & !allowed == 0 => {}
+            Some(v) => {
+                return Err(format!(
+                    "thread {tid} still holds {} in {}",
+                    names(v & !allowed),
+                    name.trim_end_matches(':')
+                ));
+            }
+            None if name == "CapAmb:" => {}
+            None => return Err(format!("thread {tid}: no {name} in its status")),
+        }
+    }
+    if field("NoNewPrivs:") != Some(1) {
+        return Err(format!("thread {tid} has no no_new_privs"));
+    }
+    Ok(())
 }
 
 /// Closed while `junction run` starts its sources with every capability: whatever reads
@@ -248,40 +307,11 @@ pub fn verify(mask: u64) -> Result<usize, String> {
     let dir = std::fs::read_dir("/proc/self/task").map_err(|e| format!("/proc/self/task: {e}"))?;
     let mut threads = 0;
     for t in dir.flatten() {
-        let path = t.path().join("status");
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        let Ok(text) = std::fs::read_to_string(t.path().join("status")) else {
             // A thread that has ended meanwhile.
             continue;
         };
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(str::trim)
-                .and_then(|v| u64::from_str_radix(v, 16).ok().or_else(|| v.parse().ok()))
-        };
-        let tid = t.file_name().to_string_lossy().to_string();
-        for (name, allowed) in [
-            ("CapEff:", mask),
-            ("CapPrm:", mask),
-            ("CapInh:", 0),
-            ("CapAmb:", 0),
-        ] {
-            match field(name) {
-                Some(v) if v & !allowed == 0 => {}
-                Some(v) => {
-                    return Err(format!(
-                        "thread {tid} still holds {} in {}",
-                        names(v & !allowed),
-                        name.trim_end_matches(':')
-                    ));
-                }
-                None if name == "CapAmb:" => {}
-                None => return Err(format!("{}: no {name}", path.display())),
-            }
-        }
-        if field("NoNewPrivs:") != Some(1) {
-            return Err(format!("thread {tid} has no no_new_privs"));
-        }
+        thread_problem(&t.file_name().to_string_lossy(), &text, mask)?;
         threads += 1;
     }
     Ok(threads)
@@ -312,6 +342,57 @@ mod tests {
     fn the_check_names_a_thread_that_holds_too_much() {
         let e = verify(0).expect_err("this process has not dropped anything");
         assert!(e.contains("thread "), "{e}");
+    }
+
+    /// Threads started while the capabilities are being dropped (by threads not yet
+    /// restricted, and by their children) end up restricted too: the check after the drop
+    /// passes. Run in a child process (this test binary again), so that the drop does not
+    /// reach the other tests; meaningful as root (CI), where there is something to drop.
+    #[test]
+    fn threads_started_during_the_drop_are_restricted_too() {
+        const CHILD: &str = "JUNCTION_PRIVILEGES_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            let stop = std::sync::Arc::new(AtomicBool::new(false));
+            let spawners: Vec<_> = (0..4)
+                .map(|_| {
+                    let stop = stop.clone();
+                    std::thread::spawn(move || {
+                        while !stop.load(Ordering::SeqCst) {
+                            let _ = std::thread::spawn(|| {
+                                std::thread::spawn(|| std::thread::sleep(Duration::from_millis(3)));
+                                std::thread::sleep(Duration::from_millis(5));
+                            });
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(20));
+            let kept = drop_all_but(&KEEP).expect("dropped");
+            let checked = verify(kept);
+            stop.store(true, Ordering::SeqCst);
+            for s in spawners {
+                let _ = s.join();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            checked.expect("every thread restricted right after the drop");
+            verify(kept).expect("and every thread started since");
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "privileges::tests::threads_started_during_the_drop_are_restricted_too",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .expect("child ran");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "the child ran the test: {text}");
     }
 
     /// A closed gate holds readers until it opens.
