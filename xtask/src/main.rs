@@ -24,6 +24,8 @@ commands:
                     drops, an IPMI BMC, an ioctl workload, XIDs, an OTLP receiver; a live view
   test              install what the tests need, then run every check and test
   bench [--smoke]   measure CPU and memory per collection; writes BENCHMARKS.md (not with --smoke)
+  bench --soak MIN  memory over MIN minutes with every source on and processes coming and going;
+                    rewrites BENCHMARKS.md's soak section
   bench --bmc       the BMC polls alone; rewrites BENCHMARKS.md's BMC section
   bench --fabric    the NIC and PCIe polls alone; rewrites that section of BENCHMARKS.md
   bench --kmsg      the kernel-log benchmarks alone; rewrites that section of BENCHMARKS.md
@@ -47,6 +49,16 @@ fn main() -> Result<()> {
         "demo" => demo::demo(demo::Options::parse(rest)?),
         "demo-workload" => demo::workload::run(rest.first().map(String::as_str).unwrap_or("")),
         "test" => test(),
+        "bench" if rest.iter().any(|a| a == "--soak") => {
+            let minutes = rest
+                .iter()
+                .position(|a| a == "--soak")
+                .and_then(|i| rest.get(i + 1))
+                .context("--soak takes a number of minutes, e.g. --soak 60")?
+                .parse::<f64>()
+                .context("--soak takes a number of minutes, e.g. --soak 60")?;
+            bench::run_soak(minutes)
+        }
         "bench" if rest.iter().any(|a| a == "--bmc") => bench::run_bmc(),
         "bench" if rest.iter().any(|a| a == "--fabric") => bench::run_fabric(),
         "bench" if rest.iter().any(|a| a == "--kmsg") => bench::run_kmsg(),

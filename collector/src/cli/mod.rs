@@ -93,6 +93,11 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     for (component, why) in crate::agent::off_but_asked(&config) {
         tracing::warn!(component, "{why}");
     }
+    // Events are held for the sink that ships them (OTLP sets its queue bound when it
+    // starts); with none, a short tail.
+    model
+        .events
+        .set_capacity(crate::model::events::EventLog::UNSHIPPED);
     let mut sink_tasks = Vec::new();
     for sink in sinks::ALL.iter().filter(|s| (s.enabled)(&config)) {
         let ctx = Ctx {

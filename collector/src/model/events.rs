@@ -133,7 +133,7 @@ struct Ring {
 pub struct EventLog {
     ring: Mutex<Ring>,
     grew: Condvar,
-    capacity: usize,
+    capacity: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for EventLog {
@@ -145,14 +145,51 @@ impl Default for EventLog {
 impl EventLog {
     /// Events held at most (the oldest are overwritten past it).
     pub const DEFAULT_CAPACITY: usize = 8192;
+    /// Events held by `junction run` when no sink ships them: a short tail (they are
+    /// counted in `junction_events_total` either way).
+    pub const UNSHIPPED: usize = 256;
 
     /// An empty log holding at most `capacity` events.
     pub fn new(capacity: usize) -> Self {
         Self {
             ring: Mutex::new(Ring::default()),
             grew: Condvar::new(),
-            capacity: capacity.max(1),
+            capacity: std::sync::atomic::AtomicUsize::new(capacity.max(1)),
         }
+    }
+
+    /// Events held at most from now on (the OTLP sink's queue bound, or a short tail when
+    /// nothing ships events); the oldest beyond it go now.
+    pub fn set_capacity(&self, capacity: usize) {
+        let capacity = capacity.max(1);
+        self.capacity
+            .store(capacity, std::sync::atomic::Ordering::Relaxed);
+        let mut r = lock(&self.ring);
+        while r.events.len() > capacity {
+            r.events.pop_front();
+        }
+    }
+
+    /// Forgets the events before `upto` (the reader has delivered them), so that what the
+    /// log holds is what is still to be shipped, not the last `capacity` events ever made.
+    pub fn release(&self, upto: u64) {
+        let mut r = lock(&self.ring);
+        while r.events.front().is_some_and(|e| e.seq < upto) {
+            r.events.pop_front();
+        }
+        if r.events.is_empty() && r.events.capacity() > 64 {
+            r.events.shrink_to(64);
+        }
+    }
+
+    /// Events held now.
+    pub fn len(&self) -> usize {
+        lock(&self.ring).events.len()
+    }
+
+    /// Whether the log holds no event now.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Appends an event; returns its sequence number.
@@ -162,7 +199,7 @@ impl EventLog {
             let seq = r.next;
             r.next += 1;
             *r.counts.entry(e.name).or_insert(0) += 1;
-            if r.events.len() == self.capacity {
+            while r.events.len() >= self.capacity.load(std::sync::atomic::Ordering::Relaxed) {
                 r.events.pop_front();
             }
             r.events.push_back(Arc::new(Event {
@@ -251,6 +288,30 @@ mod tests {
 
     fn ev(n: u32) -> NewEvent {
         NewEvent::now(Severity::Info, "test", format!("event {n}"))
+    }
+
+    /// What a reader has delivered is freed; what it has not stays, up to the capacity.
+    #[test]
+    fn delivered_events_are_freed_and_the_capacity_bounds_the_rest() {
+        let log = EventLog::new(100);
+        for i in 0..10 {
+            log.append(ev(i));
+        }
+        log.release(7);
+        assert_eq!(log.len(), 3);
+        let b = log.read(7, 10);
+        assert_eq!((b.events.len(), b.lost, b.next), (3, 0, 10));
+        assert_eq!(b.events[0].seq, 7);
+        log.release(10);
+        assert!(log.is_empty());
+        assert_eq!(log.head(), 10, "sequence numbers go on");
+        log.set_capacity(2);
+        for i in 10..15 {
+            log.append(ev(i));
+        }
+        assert_eq!(log.len(), 2);
+        let b = log.read(10, 10);
+        assert_eq!((b.lost, b.events[0].seq), (3, 13));
     }
 
     #[test]

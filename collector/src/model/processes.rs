@@ -274,8 +274,10 @@ impl Processes {
         }
     }
 
-    /// Once a minute: drops processes that ended five minutes ago and entries nobody has
-    /// asked about for ten.
+    /// Once a minute: drops processes that ended two minutes ago and entries nobody has
+    /// asked about for five (the sources ask about every process they still report at each
+    /// poll), so that the table holds the processes alive now and the last few minutes'
+    /// ended ones, not every process that ever lived (`cargo xtask bench --soak`).
     fn prune_now_and_then(&self) {
         {
             let mut last = lock(&self.last_prune);
@@ -284,7 +286,7 @@ impl Processes {
             }
             *last = Some(Instant::now());
         }
-        self.prune(Duration::from_secs(300), Duration::from_secs(600));
+        self.prune(Duration::from_secs(120), Duration::from_secs(300));
     }
 
     /// Drops processes that ended more than `retention` ago and entries nobody has asked

@@ -17,6 +17,7 @@ mod dcgm;
 mod ebpf;
 mod fabric;
 mod kmsg;
+mod soak;
 
 /// The row with every source a root agent runs by default (eBPF attribution, the kernel log,
 /// health) besides NVML.
@@ -201,6 +202,13 @@ pub fn run(smoke: bool) -> Result<()> {
     let ebpf = ebpf::run(&bin, smoke)?;
     let bmc = bmc::run(&bin, smoke, &dir)?;
     let fabric = fabric::run(&bin, smoke, &dir)?;
+    // The soak for a few minutes in the smoke run (`cargo xtask bench --soak MINUTES` for
+    // the figures).
+    let soaked = if smoke {
+        soak_runs(&bin, &lib, &dir, 1.5, Duration::from_secs(30))?
+    } else {
+        Vec::new()
+    };
     // The fuzzers run in the test suite for a bounded count; here for a minute each.
     let fuzz_secs = 60;
     let fuzzed = if smoke {
@@ -217,13 +225,79 @@ pub fn run(smoke: bool) -> Result<()> {
     if !fuzzed.is_empty() {
         report.push_str(&crate::fuzz::report(&fuzzed, fuzz_secs));
     }
+    if !soaked.is_empty() {
+        report.push_str(&soak::report(&soaked, "cargo xtask bench --smoke"));
+    }
     print!("{report}");
     if !smoke {
+        // The soak's figures come from `--soak MINUTES` (an hour or more): kept as they are.
+        if let Ok(old) = std::fs::read_to_string(root().join("BENCHMARKS.md"))
+            && let Some(start) = old.find("\n## Soak\n")
+        {
+            let end = old[start + 1..]
+                .find("\n## ")
+                .map_or(old.len(), |i| start + 1 + i);
+            report.push_str(&old[start..end]);
+        }
         std::fs::write(root().join("BENCHMARKS.md"), report)?;
         println!("wrote BENCHMARKS.md");
         // Leave the debug simulator in place for the tests.
         crate::nvml_sim()?;
     }
+    Ok(())
+}
+
+/// Both soak runs (see `soak`), side by side.
+fn soak_runs(
+    bin: &std::path::Path,
+    lib: &std::path::Path,
+    dir: &std::path::Path,
+    minutes: f64,
+    warmup: Duration,
+) -> Result<Vec<soak::Run>> {
+    println!("soak: both runs for {minutes} minutes, side by side");
+    let runs: Vec<Result<soak::Run>> = std::thread::scope(|s| {
+        let handles: Vec<_> = soak::CHURNS
+            .iter()
+            .map(|churn| s.spawn(move || soak::run(bin, lib, dir, minutes, warmup, churn)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a soak run panicked")))
+            })
+            .collect()
+    });
+    let runs = runs.into_iter().collect::<Result<Vec<_>>>()?;
+    for r in &runs {
+        println!(
+            "soak: {}: {} processes started; RSS slope after warm-up {:+.2} MiB/h",
+            r.label,
+            r.started,
+            r.slope_per_hour(|x| x.rss_kib as f64 / 1024.0)
+        );
+    }
+    Ok(runs)
+}
+
+/// `cargo xtask bench --soak MINUTES`: each soak run for MINUTES (warm-up: 5 minutes, or a
+/// quarter of a shorter run), release build; the soak section of BENCHMARKS.md is replaced
+/// (or added), the rest kept.
+pub fn run_soak(minutes: f64) -> Result<()> {
+    crate::build_ebpf()?;
+    let lib = nvml_sim_profile(true)?;
+    run_cmd(cargo().args(["build", "--quiet", "--release", "-p", "junction", "--bins"]))?;
+    let bin = root().join("target/release/junction");
+    let dir = root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let warmup = Duration::from_secs_f64((minutes * 60.0 / 4.0).min(300.0));
+    let runs = soak_runs(&bin, &lib, &dir, minutes, warmup)?;
+    let section = soak::report(&runs, &format!("cargo xtask bench --soak {minutes}"));
+    print!("{section}");
+    replace_section("\n## Soak\n", &section)?;
+    crate::nvml_sim()?;
+    println!("wrote the soak section of BENCHMARKS.md");
     Ok(())
 }
 

@@ -53,10 +53,13 @@ pub fn run(uuid: &str) -> Result<()> {
     if let Ok(procs) = std::env::var("JUNCTION_DEMO_CGROUP") {
         std::fs::write(&procs, std::process::id().to_string()).context("joining the cgroup")?;
     }
+    // Another watched device where asked (the soak runs two agents side by side).
+    let device = std::env::var("JUNCTION_DEMO_DEVICE").unwrap_or_else(|_| "/dev/null".into());
     let null = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open("/dev/null")?;
+        .open(&device)
+        .with_context(|| format!("opening {device}"))?;
     let fd = null.as_raw_fd();
     alloc(fd, 0, CLIENT, class::ROOTS[2], std::ptr::null_mut());
     let mut dev = [0u8; 56];

@@ -96,6 +96,8 @@ fn run(
             stats.dropped(head - cursor - max_queued);
             cursor = head - max_queued;
         }
+        // What is delivered (or dropped) is freed: the log holds only what is still to go.
+        model.events.release(cursor);
         stats.queued(head - cursor);
         if cursor == head {
             if stop {

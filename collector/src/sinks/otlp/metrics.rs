@@ -21,9 +21,16 @@ use crate::model::registry::Kind;
 use crate::model::view::{Snapshot, View};
 use crate::model::{Model, REGISTRY, lock};
 
-/// Series per metric the SDK keeps at most (its default, 2000, is below what a 64-GPU node
-/// with NVLink has for one metric: 64 × 18 links × 5 error types).
-const MAX_SERIES_PER_METRIC: usize = 100_000;
+/// Series per metric the SDK keeps at most; beyond it a metric's further series are reported
+/// as one with `otel.metric.overflow = true`. Its default, 2000, is below what a 64-GPU node
+/// with NVLink has for one metric (64 × 18 links × 5 error types = 5760). Not much more: the
+/// SDK sizes each instrument's table for its limit up front (`HashMap::with_capacity`), and
+/// the pages of that table fill in as new series come and go — at 100 000 that was 4 MiB of
+/// address space per instrument, 16 MiB resident at start for the tables' control bytes
+/// alone, and RSS rising for hours on a node where processes come and go (each new process's
+/// series landing on pages not touched before; `cargo xtask bench --soak`). At 8192 a table
+/// is 512 KiB, filled in within the first few hundred processes.
+const MAX_SERIES_PER_METRIC: usize = 8192;
 
 /// Every metric's points at one moment: (value, attributes) per series.
 type Points = Vec<Vec<(f64, Vec<KeyValue>)>>;

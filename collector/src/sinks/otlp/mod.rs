@@ -218,6 +218,8 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     let settings: Settings = settings::resolve(&config.sinks.otlp, &env)
         .map_err(|e| anyhow::anyhow!("sinks.otlp: {e}"))?;
     let resource = resource::build(&settings);
+    // The event log is this sink's queue: it holds what is still to be delivered, at most.
+    ctx.model.events.set_capacity(settings.max_queued_events);
     let stats = Arc::new(stats::Stats::new(ctx.model.clone()));
     let exporters = transport::build(&settings, &stats).await?;
     tracing::info!(
