@@ -270,7 +270,8 @@ fn soak_runs(
             .collect()
     });
     let runs = runs.into_iter().collect::<Result<Vec<_>>>()?;
-    for r in &runs {
+    for (r, churn) in runs.iter().zip(&soak::CHURNS) {
+        r.check(churn)?;
         println!(
             "soak: {}: {} processes started; RSS slope after warm-up {:+.2} MiB/h",
             r.label,

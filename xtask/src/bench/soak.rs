@@ -95,6 +95,51 @@ impl Run {
     }
 }
 
+impl Run {
+    /// What the smoke run checks (counts, not times): after the warm-up, descriptors and
+    /// threads stay within what the agent's pools explain — a descriptor or a thread per
+    /// process that lived would add one per process started — and the eBPF source tracks no
+    /// more processes than are alive and within their retention.
+    pub fn check(&self, churn: &Churn) -> Result<()> {
+        let after: Vec<&Reading> = self
+            .readings
+            .iter()
+            .filter(|x| x.secs >= self.warmup_secs)
+            .collect();
+        if after.len() < 2 {
+            bail!("{}: fewer than two readings after the warm-up", self.label);
+        }
+        let span = |f: &dyn Fn(&Reading) -> u64| {
+            let v: Vec<u64> = after.iter().map(|x| f(x)).collect();
+            v.iter().max().unwrap_or(&0) - v.iter().min().unwrap_or(&0)
+        };
+        if span(&|x| x.fds) > 16 {
+            bail!(
+                "{}: descriptors grew by {} after the warm-up",
+                self.label,
+                span(&|x| x.fds)
+            );
+        }
+        if span(&|x| x.threads) > 32 {
+            bail!(
+                "{}: threads grew by {} after the warm-up",
+                self.label,
+                span(&|x| x.threads)
+            );
+        }
+        // Alive, plus ended ones kept for the default exited_retention_secs (30 s), plus slack.
+        let bound = churn.per_second as f64 * (churn.lifetime.as_secs_f64() + 30.0) * 1.5 + 10.0;
+        let most = after.iter().map(|x| x.tracked).fold(0.0, f64::max);
+        if most > bound {
+            bail!(
+                "{}: {most} processes tracked, more than {bound:.0}",
+                self.label
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Least-squares slope of y over x (0 for fewer than two points).
 pub fn slope(pts: &[(f64, f64)]) -> f64 {
     let n = pts.len() as f64;

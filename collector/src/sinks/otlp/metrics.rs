@@ -26,8 +26,8 @@ use crate::model::{Model, REGISTRY, lock};
 /// with NVLink has for one metric (64 × 18 links × 5 error types = 5760). Not much more: the
 /// SDK sizes each instrument's table for its limit up front (`HashMap::with_capacity`), and
 /// the pages of that table fill in as new series come and go — at 100 000 that was 4 MiB of
-/// address space per instrument, 16 MiB resident at start for the tables' control bytes
-/// alone, and RSS rising for hours on a node where processes come and go (each new process's
+/// address space per instrument (667 MB in all under heaptrack), about 10 MiB more RSS on the
+/// 8-GPU soak node, and RSS rising on a node where processes come and go (each new process's
 /// series landing on pages not touched before; `cargo xtask bench --soak`). At 8192 a table
 /// is 512 KiB, filled in within the first few hundred processes.
 const MAX_SERIES_PER_METRIC: usize = 8192;
