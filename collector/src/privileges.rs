@@ -145,7 +145,7 @@ pub fn drop_all_but(keep: &[u32]) -> Result<u64, String> {
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(40);
     LAST_CAP.store(last.min(63), Ordering::SeqCst);
-    // Every other thread, through a signal; then this one.
+    // What the signal handler applies on every other thread.
     MASK.store(mask, Ordering::SeqCst);
     let sig = libc::SIGRTMIN() + 5;
     // SAFETY: installing a handler that only makes one system call and touches atomics;
@@ -175,6 +175,10 @@ pub fn drop_all_but(keep: &[u32]) -> Result<u64, String> {
     let mut signalled: std::collections::HashMap<i32, Instant> = std::collections::HashMap::new();
     let start = Instant::now();
     loop {
+        let failed = FAILED.load(Ordering::SeqCst);
+        if failed != 0 {
+            return Err(format!("capset failed on a thread: errno {failed}"));
+        }
         let pending = threads_holding_more(me, mask);
         if pending.is_empty() {
             break;
