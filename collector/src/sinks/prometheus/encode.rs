@@ -9,6 +9,7 @@ use crate::model::view::View;
 /// Renders the exposition text.
 pub fn render(families: &View<'_>, out: &mut String) {
     let names = prometheus_names();
+    let mut identities = Identities::default();
     for (i, samples) in families.iter() {
         let d = &REGISTRY[i];
         let name = names[i].as_str();
@@ -25,15 +26,57 @@ pub fn render(families: &View<'_>, out: &mut String) {
             for (k, v) in &s.attrs {
                 write_label(out, &mut first, k, v);
             }
-            for (k, v) in families.extra(i, id, s) {
-                if s.attr(k).is_none() {
-                    write_label(out, &mut first, k, v);
+            let extra = families.extra(i, id, s);
+            if !extra.is_empty() {
+                if extra.iter().all(|(k, _)| s.attr(k).is_none()) {
+                    // A GPU's identity is the same on each of its series: written once.
+                    if !first {
+                        out.push(',');
+                    }
+                    out.push_str(identities.get(extra));
+                } else {
+                    for (k, v) in extra {
+                        if s.attr(k).is_none() {
+                            write_label(out, &mut first, k, v);
+                        }
+                    }
                 }
             }
             out.push_str("} ");
             write_value(out, s.value);
             out.push('\n');
         }
+    }
+}
+
+/// Each GPU's identity labels as text, rendered on first use in a scrape (keyed by the
+/// view's slice, one per GPU; consecutive series are mostly the same GPU's).
+#[derive(Default)]
+struct Identities {
+    rendered: Vec<(usize, String)>,
+    last: usize,
+}
+
+impl Identities {
+    fn get(&mut self, attrs: &[(&'static str, crate::model::AttrValue)]) -> &str {
+        let key = attrs.as_ptr() as usize;
+        let at = match self.rendered.get(self.last) {
+            Some((k, _)) if *k == key => self.last,
+            _ => match self.rendered.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    let mut text = String::new();
+                    let mut first = true;
+                    for (k, v) in attrs {
+                        write_label(&mut text, &mut first, k, v);
+                    }
+                    self.rendered.push((key, text));
+                    self.rendered.len() - 1
+                }
+            },
+        };
+        self.last = at;
+        &self.rendered[at].1
     }
 }
 
