@@ -255,6 +255,8 @@ fn soak_runs(
     minutes: f64,
     warmup: Duration,
 ) -> Result<Vec<soak::Run>> {
+    // DMTF's Redfish-Mockup-Server serves the CDU (fetched into target/tools if missing).
+    crate::setup::redfish_mockup_server()?;
     println!("soak: both runs for {minutes} minutes, side by side");
     let runs: Vec<Result<soak::Run>> = std::thread::scope(|s| {
         let handles: Vec<_> = soak::CHURNS
@@ -286,6 +288,8 @@ fn soak_runs(
 /// quarter of a shorter run), release build; the soak section of BENCHMARKS.md is replaced
 /// (or added), the rest kept.
 pub fn run_soak(minutes: f64) -> Result<()> {
+    // The venv (Redfish-Mockup-Server's Python), ipmi_sim and FreeIPMI, as for the tests.
+    setup::test_dependencies()?;
     crate::build_ebpf()?;
     let lib = nvml_sim_profile(true)?;
     run_cmd(cargo().args(["build", "--quiet", "--release", "-p", "junction", "--bins"]))?;
