@@ -1,6 +1,6 @@
-//! The OTLP sink: the registry's metrics through the OpenTelemetry SDK (observable
-//! instruments over the model's latest snapshot, a periodic reader, `opentelemetry-otlp`'s
-//! exporters over gRPC or HTTP/protobuf), and the model's events as OTLP log records.
+//! The OTLP sink: the registry's metrics written as OTLP requests straight from the model's
+//! latest snapshot (`metrics/`, over gRPC or HTTP/protobuf), and the model's events as OTLP
+//! log records (the OpenTelemetry SDK's records, `opentelemetry-otlp`'s log exporters).
 //!
 //! Needs: a reachable receiver (an OpenTelemetry Collector, Alloy, Mimir, …). It never calls a
 //! source: exports read the model. How it fails: a receiver that is down, slow or answers a
@@ -229,13 +229,18 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
         interval_secs = settings.interval.as_secs(),
         "pushing metrics and events over OTLP"
     );
-    let provider = metrics::start(
+    let envelope = metrics::encode::Envelope {
+        resource: resource::attributes(&settings),
+        schema_url: resource::SCHEMA_URL.into(),
+        scope: ("junction".into(), env!("CARGO_PKG_VERSION").into()),
+    };
+    let exporter = metrics::start(
         exporters.metrics,
-        resource.clone(),
-        settings.interval,
+        envelope,
+        &settings,
         ctx.model.clone(),
         stats.clone(),
-    );
+    )?;
     let shipper = events::start(
         exporters.logs,
         resource,
@@ -249,7 +254,7 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
         // The final export: pending events, then the metrics as the sources left them.
         let _ = tokio::task::spawn_blocking(move || {
             shipper.stop(Duration::from_millis(1500));
-            metrics::stop(provider);
+            exporter.stop(Duration::from_millis(1500));
         })
         .await;
     }))

@@ -17,34 +17,42 @@ pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.44.0";
 /// The environment variable a Kubernetes DaemonSet sets from `spec.nodeName`.
 pub const NODE_NAME_ENV: &str = "K8S_NODE_NAME";
 
-/// Builds the resource.
+/// Builds the resource (the event log records').
 pub fn build(s: &Settings) -> Resource {
-    let mut attrs = vec![
-        KeyValue::new("service.name", s.service_name.clone()),
-        KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+    Resource::builder_empty()
+        .with_schema_url(
+            attributes(s).into_iter().map(|(k, v)| KeyValue::new(k, v)),
+            SCHEMA_URL,
+        )
+        .build()
+}
+
+/// The resource's attributes, in order.
+pub fn attributes(s: &Settings) -> Vec<(String, String)> {
+    let mut attrs: Vec<(String, String)> = vec![
+        ("service.name".into(), s.service_name.clone()),
+        ("service.version".into(), env!("CARGO_PKG_VERSION").into()),
     ];
     // The UTS name this process sees: the host's with hostNetwork (as the DaemonSet runs).
     if let Some(h) = read_trimmed(Path::new("/proc/sys/kernel/hostname"))
         .or_else(|| read_trimmed(Path::new("/etc/hostname")))
     {
-        attrs.push(KeyValue::new("host.name", h));
+        attrs.push(("host.name".into(), h));
     }
     // The machine id: a container sees the host's when /etc/machine-id is mounted from it.
     if let Some(id) = read_trimmed(Path::new("/etc/machine-id"))
         .or_else(|| read_trimmed(Path::new("/var/lib/dbus/machine-id")))
     {
-        attrs.push(KeyValue::new("host.id", id));
+        attrs.push(("host.id".into(), id));
     }
     if let Some(node) = std::env::var(NODE_NAME_ENV).ok().filter(|v| !v.is_empty()) {
-        attrs.push(KeyValue::new("k8s.node.name", node));
+        attrs.push(("k8s.node.name".into(), node));
     }
     for (k, v) in &s.resource_attributes {
-        attrs.retain(|a| a.key.as_str() != k.as_str());
-        attrs.push(KeyValue::new(k.clone(), v.clone()));
+        attrs.retain(|(a, _)| a != k);
+        attrs.push((k.clone(), v.clone()));
     }
-    Resource::builder_empty()
-        .with_schema_url(attrs, SCHEMA_URL)
-        .build()
+    attrs
 }
 
 fn read_trimmed(p: &Path) -> Option<String> {

@@ -1,11 +1,13 @@
-//! The exporters of `opentelemetry-otlp`, configured from the settings: gRPC through tonic
-//! (TLS with the built-in roots and the CA file, client identity, gzip, metadata headers) or
-//! HTTP/protobuf through a blocking reqwest client with rustls, wrapped so that every
-//! response is seen (status, `Retry-After`, the receiver's message, bytes on the wire).
+//! The transports, configured from the settings: gRPC through tonic (TLS with the built-in
+//! roots and the CA file, client identity, gzip, metadata headers) or HTTP/protobuf through a
+//! blocking reqwest client with rustls. Metrics go through the sink's own sender
+//! (`metrics/send.rs`); events through `opentelemetry-otlp`'s log exporter, whose HTTP client
+//! is wrapped so that every response is seen (status, the receiver's message, bytes on the
+//! wire).
 //!
-//! How an export failed is told from what the exporter returns: for HTTP, the last response
-//! recorded by the wrapper; for gRPC, the status code in the error and the receiver's
-//! message, which the exporter reports only in its diagnostic event (captured by
+//! How an event export failed is told from what the exporter returns: for HTTP, the last
+//! response recorded by the wrapper; for gRPC, the status code in the error and the
+//! receiver's message, which the exporter reports only in its diagnostic event (captured by
 //! [`diagnostics_layer`]).
 
 use std::collections::{BTreeMap, HashMap};
@@ -14,19 +16,18 @@ use std::time::Duration;
 
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{
-    Compression, LogExporter, MetricExporter, RetryPolicy, WithExportConfig, WithHttpConfig,
-    WithTonicConfig,
+    Compression, LogExporter, RetryPolicy, WithExportConfig, WithHttpConfig, WithTonicConfig,
 };
-use opentelemetry_sdk::metrics::Temporality;
 
+use super::metrics::send::Sender;
 use super::settings::{Protocol, Settings, Signal, Target};
 use super::stats::{Outcome, Stats};
 use crate::model::lock;
 
-/// The two exporters and what tells their failures apart.
+/// The metrics sender and the log exporter (with what tells its failures apart).
 pub struct Exporters {
     /// Metrics.
-    pub metrics: Classified<MetricExporter>,
+    pub metrics: Sender,
     /// Logs.
     pub logs: Classified<LogExporter>,
 }
@@ -41,8 +42,6 @@ pub struct Classified<E> {
     pub protocol: Protocol,
     /// Responses seen by the HTTP client (unused for gRPC).
     pub last_http: Arc<Mutex<Option<HttpOutcome>>>,
-    /// The counters.
-    pub stats: Arc<Stats>,
 }
 
 impl<E> Classified<E> {
@@ -97,7 +96,7 @@ impl<E> Classified<E> {
 }
 
 /// 4xx other than 408 and 429 are not worth retrying (OTLP/HTTP specification).
-fn is_rejection(code: u16) -> bool {
+pub fn is_rejection(code: u16) -> bool {
     (400..500).contains(&code) && code != 408 && code != 429
 }
 
@@ -144,7 +143,7 @@ impl HttpClient for RecordingClient {
 }
 
 /// An error and its causes on one line (`error: cause: cause`).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
@@ -165,28 +164,14 @@ fn retry_policy() -> RetryPolicy {
     RetryPolicy::recommended().with_max_retries(2)
 }
 
-/// Builds both exporters. gRPC channels are created here, so this runs inside the runtime.
+/// Builds the metrics sender and the log exporter. gRPC channels are created here, so this
+/// runs inside the runtime.
 pub async fn build(s: &Settings, stats: &Arc<Stats>) -> anyhow::Result<Exporters> {
-    let temporality = if s.delta {
-        Temporality::Delta
-    } else {
-        Temporality::Cumulative
-    };
     let tls = Tls::load(s)?;
-    let (metrics, metrics_last) = match s.metrics.protocol {
-        Protocol::Grpc => {
-            let b = MetricExporter::builder()
-                .with_tonic()
-                .with_temporality(temporality);
-            let b = grpc(b, &s.metrics, &tls)?;
-            (b.build()?, Arc::default())
-        }
+    let metrics = match s.metrics.protocol {
+        Protocol::Grpc => Sender::grpc(&s.metrics, &tls)?,
         Protocol::HttpProtobuf => {
-            let (client, last) = http_client(&s.metrics, Signal::Metrics, &tls, stats).await?;
-            let b = MetricExporter::builder()
-                .with_http()
-                .with_temporality(temporality);
-            (http(b, &s.metrics, client).build()?, last)
+            Sender::http(&s.metrics, reqwest_client(&s.metrics, &tls).await?)?
         }
     };
     let (logs, logs_last) = match s.logs.protocol {
@@ -203,27 +188,22 @@ pub async fn build(s: &Settings, stats: &Arc<Stats>) -> anyhow::Result<Exporters
         }
     };
     Ok(Exporters {
-        metrics: Classified {
-            exporter: metrics,
-            signal: Signal::Metrics,
-            protocol: s.metrics.protocol,
-            last_http: metrics_last,
-            stats: stats.clone(),
-        },
+        metrics,
         logs: Classified {
             exporter: logs,
             signal: Signal::Logs,
             protocol: s.logs.protocol,
             last_http: logs_last,
-            stats: stats.clone(),
         },
     })
 }
 
 /// The PEM files, read once.
-struct Tls {
-    ca: Option<Vec<u8>>,
-    identity: Option<(Vec<u8>, Vec<u8>)>,
+pub struct Tls {
+    /// The CA bundle.
+    pub ca: Option<Vec<u8>>,
+    /// The client certificate and key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Tls {
@@ -247,10 +227,9 @@ impl Tls {
     }
 }
 
-fn grpc<B: WithTonicConfig + WithExportConfig>(b: B, t: &Target, tls: &Tls) -> anyhow::Result<B> {
-    use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
-    use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
-    let mut metadata = MetadataMap::new();
+/// The headers as gRPC metadata.
+pub fn grpc_metadata(t: &Target) -> anyhow::Result<tonic::metadata::MetadataMap> {
+    let mut metadata = tonic::metadata::MetadataMap::new();
     for (k, v) in &t.headers {
         let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
             .map_err(|_| anyhow::anyhow!("sinks.otlp.headers: {k:?} is not a gRPC metadata key"))?;
@@ -259,10 +238,15 @@ fn grpc<B: WithTonicConfig + WithExportConfig>(b: B, t: &Target, tls: &Tls) -> a
         })?;
         metadata.insert(key, value);
     }
+    Ok(metadata)
+}
+
+fn grpc<B: WithTonicConfig + WithExportConfig>(b: B, t: &Target, tls: &Tls) -> anyhow::Result<B> {
+    use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
     let mut b = b
         .with_endpoint(&t.endpoint)
         .with_timeout(t.timeout)
-        .with_metadata(metadata)
+        .with_metadata(grpc_metadata(t)?)
         .with_retry_policy(retry_policy());
     if t.gzip {
         b = b.with_compression(Compression::Gzip);
@@ -302,39 +286,44 @@ fn http<B: WithHttpConfig + WithExportConfig>(b: B, t: &Target, client: Recordin
 /// A reqwest blocking client (rustls; the CA file besides the built-in roots; the client
 /// identity), built on a thread of its own: a blocking client must not be created inside the
 /// async runtime.
+async fn reqwest_client(t: &Target, tls: &Tls) -> anyhow::Result<reqwest::blocking::Client> {
+    let timeout = t.timeout;
+    let ca = tls.ca.clone();
+    let identity = tls.identity.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<reqwest::blocking::Client> {
+        let mut b = reqwest::blocking::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .user_agent(concat!("junction/", env!("CARGO_PKG_VERSION")))
+            .tls_backend_rustls();
+        if let Some(ca) = ca {
+            for cert in reqwest::Certificate::from_pem_bundle(&ca)
+                .map_err(|e| anyhow::anyhow!("sinks.otlp.ca_file: not PEM certificates: {e}"))?
+            {
+                b = b.add_root_certificate(cert);
+            }
+        }
+        if let Some((cert, key)) = identity {
+            let mut pem = cert;
+            pem.push(b'\n');
+            pem.extend_from_slice(&key);
+            b = b.identity(reqwest::Identity::from_pem(&pem).map_err(|e| {
+                anyhow::anyhow!("sinks.otlp.client_cert_file / client_key_file: {e}")
+            })?);
+        }
+        Ok(b.build()?)
+    })
+    .await?
+}
+
+/// The log exporter's HTTP client: the reqwest client, recording every response.
 async fn http_client(
     t: &Target,
     signal: Signal,
     tls: &Tls,
     stats: &Arc<Stats>,
 ) -> anyhow::Result<(RecordingClient, Arc<Mutex<Option<HttpOutcome>>>)> {
-    let timeout = t.timeout;
-    let ca = tls.ca.clone();
-    let identity = tls.identity.clone();
-    let inner =
-        tokio::task::spawn_blocking(move || -> anyhow::Result<reqwest::blocking::Client> {
-            let mut b = reqwest::blocking::Client::builder()
-                .timeout(timeout)
-                .connect_timeout(timeout.min(Duration::from_secs(5)))
-                .tls_backend_rustls();
-            if let Some(ca) = ca {
-                for cert in reqwest::Certificate::from_pem_bundle(&ca)
-                    .map_err(|e| anyhow::anyhow!("sinks.otlp.ca_file: not PEM certificates: {e}"))?
-                {
-                    b = b.add_root_certificate(cert);
-                }
-            }
-            if let Some((cert, key)) = identity {
-                let mut pem = cert;
-                pem.push(b'\n');
-                pem.extend_from_slice(&key);
-                b = b.identity(reqwest::Identity::from_pem(&pem).map_err(|e| {
-                    anyhow::anyhow!("sinks.otlp.client_cert_file / client_key_file: {e}")
-                })?);
-            }
-            Ok(b.build()?)
-        })
-        .await??;
+    let inner = reqwest_client(t, tls).await?;
     let last = Arc::new(Mutex::new(None));
     Ok((
         RecordingClient {
@@ -376,7 +365,6 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for GrpcMessages {
     ) {
         let name = event.metadata().name();
         let signal = match name {
-            "TonicMetricsClient.ExportFailed" => Signal::Metrics,
             "TonicLogsClient.ExportFailed" => Signal::Logs,
             _ => return,
         };

@@ -1,0 +1,327 @@
+//! The model's view as an OTLP `ExportMetricsServiceRequest`, written straight in protobuf's
+//! wire format into a buffer kept across exports, the way the Prometheus sink writes text:
+//! no per-series objects, no SDK aggregation tables. One pass adds up every message's
+//! length (a length-delimited field's size comes before its bytes), a second writes.
+//!
+//! What is written (field numbers from `opentelemetry/proto/metrics/v1/metrics.proto`):
+//! one `ResourceMetrics` (the resource, its schema URL) with one `ScopeMetrics` (scope
+//! `junction` at this version, the schema URL), one `Metric` per registry metric with
+//! samples (name, description, unit; a `Gauge`, or a `Sum` with its temporality and
+//! monotonicity), one `NumberDataPoint` per sample (its attributes — `hw.id` first unless the
+//! sample has its own, then the sample's, then the GPU's identity where the metric takes it —,
+//! start time, time, the value as a double). Non-finite values are left out, as the
+//! OpenTelemetry SDK leaves them out.
+//!
+//! Temporality: cumulative, every series' start time is the sink's start. Delta (counters
+//! only, the SDK's rule): a counter's point is its increase since the previous export (its
+//! whole value the first time; after a reset, the new value), and gauges' and counters'
+//! start time is the previous export's time; up-down counters stay cumulative. What delta
+//! keeps per series (the last value, by a hash of metric and attributes) holds only the
+//! series of the last export.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use prost::encoding::{encode_varint, encoded_len_varint};
+
+use crate::model::registry::Kind;
+use crate::model::view::View;
+use crate::model::{REGISTRY, Sample};
+
+/// Wire types.
+const VARINT: u8 = 0;
+const FIXED64: u8 = 1;
+const LEN: u8 = 2;
+
+/// `AggregationTemporality`.
+const DELTA: u64 = 1;
+const CUMULATIVE: u64 = 2;
+
+fn vlen(n: usize) -> usize {
+    encoded_len_varint(n as u64)
+}
+
+/// Bytes of a length-delimited field (every field here has a one-byte key) of `n` bytes.
+fn field(n: usize) -> usize {
+    1 + vlen(n) + n
+}
+
+fn key(buf: &mut Vec<u8>, number: u8, wire: u8) {
+    debug_assert!(number < 16);
+    buf.push((number << 3) | wire);
+}
+
+fn len(buf: &mut Vec<u8>, number: u8, n: usize) {
+    key(buf, number, LEN);
+    encode_varint(n as u64, buf);
+}
+
+fn string(buf: &mut Vec<u8>, number: u8, s: &str) {
+    len(buf, number, s.len());
+    buf.extend_from_slice(s.as_bytes());
+}
+
+fn fixed64(buf: &mut Vec<u8>, number: u8, v: u64) {
+    key(buf, number, FIXED64);
+    buf.extend_from_slice(&v.to_le_bytes());
+}
+
+fn varint(buf: &mut Vec<u8>, number: u8, v: u64) {
+    key(buf, number, VARINT);
+    encode_varint(v, buf);
+}
+
+/// A `KeyValue` with a string `AnyValue`: its bytes.
+fn key_value_len(k: &str, v: &str) -> usize {
+    field(k.len()) + field(field(v.len()))
+}
+
+/// Writes a `KeyValue` with a string value as field `number`.
+fn key_value(buf: &mut Vec<u8>, number: u8, k: &str, v: &str) {
+    len(buf, number, key_value_len(k, v));
+    string(buf, 1, k);
+    len(buf, 2, field(v.len()));
+    string(buf, 1, v);
+}
+
+/// The attributes of a sample of metric `i` on GPU `gpu`, in the order both sinks use.
+fn attributes<'a>(
+    view: &View<'a>,
+    i: usize,
+    gpu: &'a str,
+    s: &'a Sample,
+) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+    let own_id = s.attr("hw.id").is_some();
+    let hw = (!own_id && !gpu.is_empty()).then_some(("hw.id", gpu));
+    let extra = view.extra(i, gpu, s);
+    hw.into_iter()
+        .chain(s.attrs.iter().map(|(k, v)| (*k, v.as_ref())))
+        .chain(
+            extra
+                .iter()
+                .filter(move |(k, _)| s.attr(k).is_none())
+                .map(|(k, v)| (*k, v.as_ref())),
+        )
+}
+
+/// A `NumberDataPoint`'s bytes: its attributes, the start time (when set), the time and
+/// the value.
+fn point_len<'a>(attrs: impl Iterator<Item = (&'a str, &'a str)>, start: u64) -> usize {
+    let a: usize = attrs.map(|(k, v)| field(key_value_len(k, v))).sum();
+    a + if start > 0 { 9 } else { 0 } + 9 + 9
+}
+
+/// What a request is made of: the resource's attributes and schema URL, the scope.
+pub struct Envelope {
+    /// The resource's attributes (all strings).
+    pub resource: Vec<(String, String)>,
+    /// The schema URL, on the resource and on the scope.
+    pub schema_url: String,
+    /// The scope's name and version.
+    pub scope: (String, String),
+}
+
+/// Writes requests, keeping its buffers (and for delta, each series' last value) between
+/// exports.
+pub struct Encoder {
+    envelope: Envelope,
+    delta: bool,
+    /// When the sink started (Unix ns): cumulative series start here.
+    start_ns: u64,
+    /// The previous export's time (delta: where the next points start).
+    last_ns: u64,
+    /// Delta: each counter series' last value and the export that last saw it.
+    previous: HashMap<u64, (f64, u64)>,
+    generation: u64,
+    /// Per metric of the view: (registry index, bytes of its `Metric` message).
+    metrics: Vec<(usize, usize)>,
+    /// Per point: its bytes (0: left out).
+    points: Vec<usize>,
+    buf: Vec<u8>,
+}
+
+impl Encoder {
+    /// An encoder for the sink started at `start_ns`.
+    pub fn new(envelope: Envelope, delta: bool, start_ns: u64) -> Self {
+        Self {
+            envelope,
+            delta,
+            start_ns,
+            last_ns: start_ns,
+            previous: HashMap::new(),
+            generation: 0,
+            metrics: Vec::new(),
+            points: Vec::new(),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Series whose last value delta keeps (0 for cumulative).
+    #[cfg(test)]
+    pub fn tracked(&self) -> usize {
+        self.previous.len()
+    }
+
+    /// Start time of a point of a metric of `kind`.
+    fn start(&self, kind: Kind) -> u64 {
+        if self.delta && kind != Kind::UpDownCounter {
+            self.last_ns
+        } else {
+            self.start_ns
+        }
+    }
+
+    /// The request for `view` at `now_ns` (Unix ns) and the number of data points in it; the
+    /// bytes stay valid until the next call.
+    pub fn encode(&mut self, view: &View<'_>, now_ns: u64) -> (&[u8], usize) {
+        self.generation += 1;
+        self.metrics.clear();
+        self.points.clear();
+        // Pass 1: lengths.
+        let mut scope_metrics = 0usize;
+        let mut count = 0usize;
+        for (i, samples) in view.iter() {
+            let d = &REGISTRY[i];
+            let start = self.start(d.kind);
+            let mut data = 0usize;
+            for (gpu, s) in samples {
+                if !s.value.is_finite() {
+                    self.points.push(0);
+                    continue;
+                }
+                let n = point_len(attributes(view, i, gpu, s), start);
+                self.points.push(n);
+                data += field(n);
+                count += 1;
+            }
+            if data == 0 {
+                continue;
+            }
+            // Gauge { data_points = 1 } / Sum { data_points = 1, temporality = 2, monotonic = 3 }.
+            let body = match d.kind {
+                Kind::Gauge => data,
+                Kind::Counter => data + 2 + 2,
+                Kind::UpDownCounter => data + 2,
+            };
+            let m = field(d.name.len()) + field(d.help.len()) + field(d.unit.len()) + field(body);
+            self.metrics.push((i, m));
+            scope_metrics += field(m);
+        }
+        let (scope_name, scope_version) = &self.envelope.scope;
+        let scope = field(scope_name.len()) + field(scope_version.len());
+        let scope_metrics = field(scope) + scope_metrics + field(self.envelope.schema_url.len());
+        let resource: usize = self
+            .envelope
+            .resource
+            .iter()
+            .map(|(k, v)| field(key_value_len(k, v)))
+            .sum();
+        let resource_metrics =
+            field(resource) + field(scope_metrics) + field(self.envelope.schema_url.len());
+        // Pass 2: bytes.
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        buf.reserve(field(resource_metrics));
+        len(&mut buf, 1, resource_metrics);
+        len(&mut buf, 1, resource);
+        for (k, v) in &self.envelope.resource {
+            key_value(&mut buf, 1, k, v);
+        }
+        len(&mut buf, 2, scope_metrics);
+        len(&mut buf, 1, scope);
+        string(&mut buf, 1, scope_name);
+        string(&mut buf, 2, scope_version);
+        let mut next_metric = 0usize;
+        let mut p = 0usize;
+        let points = std::mem::take(&mut self.points);
+        for (i, samples) in view.iter() {
+            let sizes = &points[p..p + samples.len()];
+            p += samples.len();
+            let Some(&(mi, m)) = self.metrics.get(next_metric).filter(|(mi, _)| *mi == i) else {
+                continue;
+            };
+            next_metric += 1;
+            let d = &REGISTRY[mi];
+            let start = self.start(d.kind);
+            let data: usize = sizes.iter().filter(|n| **n > 0).map(|n| field(*n)).sum();
+            len(&mut buf, 2, m);
+            string(&mut buf, 1, d.name);
+            string(&mut buf, 2, d.help);
+            string(&mut buf, 3, d.unit);
+            match d.kind {
+                Kind::Gauge => len(&mut buf, 5, data),
+                Kind::Counter => len(&mut buf, 7, data + 4),
+                Kind::UpDownCounter => len(&mut buf, 7, data + 2),
+            }
+            for ((gpu, s), &n) in samples.iter().zip(sizes) {
+                if n == 0 {
+                    continue;
+                }
+                let value = if self.delta && d.kind == Kind::Counter {
+                    self.delta_of(view, i, gpu, s)
+                } else {
+                    s.value
+                };
+                len(&mut buf, 1, n);
+                for (k, v) in attributes(view, i, gpu, s) {
+                    key_value(&mut buf, 7, k, v);
+                }
+                if start > 0 {
+                    fixed64(&mut buf, 2, start);
+                }
+                fixed64(&mut buf, 3, now_ns);
+                fixed64(&mut buf, 4, value.to_bits());
+            }
+            match d.kind {
+                Kind::Gauge => {}
+                Kind::Counter => {
+                    varint(&mut buf, 2, if self.delta { DELTA } else { CUMULATIVE });
+                    varint(&mut buf, 3, 1);
+                }
+                Kind::UpDownCounter => varint(&mut buf, 2, CUMULATIVE),
+            }
+        }
+        self.points = points;
+        // ScopeMetrics.schema_url, then ResourceMetrics.schema_url.
+        string(&mut buf, 3, &self.envelope.schema_url);
+        string(&mut buf, 3, &self.envelope.schema_url);
+        debug_assert_eq!(
+            buf.len(),
+            field(resource_metrics),
+            "lengths agree with bytes"
+        );
+        if self.delta {
+            let g = self.generation;
+            self.previous.retain(|_, (_, seen)| *seen == g);
+        }
+        self.last_ns = now_ns;
+        self.buf = buf;
+        (&self.buf, count)
+    }
+
+    /// A counter's increase since the previous export (its value the first time, and after
+    /// the counter went back, as on a driver reload).
+    fn delta_of(&mut self, view: &View<'_>, i: usize, gpu: &str, s: &Sample) -> f64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        i.hash(&mut h);
+        for (k, v) in attributes(view, i, gpu, s) {
+            k.hash(&mut h);
+            v.hash(&mut h);
+        }
+        let slot = self
+            .previous
+            .entry(h.finish())
+            .or_insert((f64::NAN, self.generation));
+        let prev = slot.0;
+        *slot = (s.value, self.generation);
+        if prev.is_finite() && s.value >= prev {
+            s.value - prev
+        } else {
+            s.value
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

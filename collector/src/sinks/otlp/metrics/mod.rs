@@ -1,0 +1,118 @@
+//! OTLP metrics straight from the model: every interval the model's snapshot is written as an
+//! `ExportMetricsServiceRequest` (`encode.rs`, the same view, names, units and attributes as
+//! `/metrics`) and sent (`send.rs`). A series the model no longer has (a process that ended,
+//! a lost GPU's readings) is simply not in the next request, so it stops being exported;
+//! nothing is kept per series but, with delta temporality, each counter's last value.
+//!
+//! One thread of its own ("otlp-metrics"): an export never waits on a source, and a slow
+//! receiver holds only this thread. Exports do not catch up: after a slow one the next is
+//! an interval later. At shutdown one last export carries the state the sources left.
+
+pub mod encode;
+pub mod send;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender as Stop};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::settings::Signal;
+use super::stats::Stats;
+use crate::model::Model;
+use crate::model::view::Snapshot;
+use encode::{Encoder, Envelope};
+use send::Sender;
+
+/// The running exporter.
+pub struct Exporter {
+    stop: Stop<()>,
+    stopping: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+fn unix_ns(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Starts the exporter thread.
+pub fn start(
+    sender: Sender,
+    envelope: Envelope,
+    settings: &super::settings::Settings,
+    model: Arc<Model>,
+    stats: Arc<Stats>,
+) -> anyhow::Result<Exporter> {
+    let encoder = Encoder::new(envelope, settings.delta, unix_ns(SystemTime::now()));
+    let (stop, stopped) = std::sync::mpsc::channel();
+    let stopping = Arc::new(AtomicBool::new(false));
+    let flag = stopping.clone();
+    let (interval, timeout) = (settings.interval, settings.metrics.timeout);
+    let thread = std::thread::Builder::new()
+        .name("otlp-metrics".into())
+        .spawn(move || {
+            let when = Every { interval, timeout };
+            run(sender, encoder, when, &model, &stats, &stopped, &flag)
+        })?;
+    Ok(Exporter {
+        stop,
+        stopping,
+        thread,
+    })
+}
+
+impl Exporter {
+    /// The last export, waited for at most `deadline`.
+    pub fn stop(self, deadline: Duration) {
+        self.stopping.store(true, Ordering::Relaxed);
+        let _ = self.stop.send(());
+        let end = Instant::now() + deadline;
+        while !self.thread.is_finished() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if self.thread.is_finished() {
+            let _ = self.thread.join();
+        } else {
+            tracing::warn!("the last OTLP metric export did not finish in time");
+        }
+    }
+}
+
+/// The export interval and the request timeout.
+struct Every {
+    interval: Duration,
+    timeout: Duration,
+}
+
+fn run(
+    mut sender: Sender,
+    mut encoder: Encoder,
+    Every { interval, timeout }: Every,
+    model: &Model,
+    stats: &Stats,
+    stopped: &Receiver<()>,
+    flag: &AtomicBool,
+) {
+    let mut next = Instant::now() + interval;
+    loop {
+        let last = match stopped.recv_timeout(next.saturating_duration_since(Instant::now())) {
+            Err(RecvTimeoutError::Timeout) => false,
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => true,
+        };
+        let snap = Snapshot::take(model);
+        let (body, _) = encoder.encode(&snap.view(), unix_ns(SystemTime::now()));
+        let stopping = || flag.load(Ordering::Relaxed);
+        let outcome = sender.export(body, timeout, stats, &stopping);
+        drop(snap);
+        stats.export(Signal::Metrics, &outcome);
+        if last {
+            return;
+        }
+        next += interval;
+        let now = Instant::now();
+        if next <= now {
+            next = now + interval;
+        }
+    }
+}

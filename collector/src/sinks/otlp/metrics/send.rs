@@ -1,0 +1,307 @@
+//! Sends an encoded metrics request: OTLP/HTTP (a POST of the protobuf body, gzip when on,
+//! through the sink's blocking reqwest client with its TLS settings) or OTLP/gRPC (the
+//! `MetricsService/Export` call through a tonic channel, the bytes passed through as the
+//! message, gzip by tonic). Every response is classified: 2xx / OK delivered; HTTP 4xx but
+//! 408 and 429, and the gRPC codes the OTLP specification says not to retry, rejected;
+//! the rest retryable. A retryable failure is tried again twice within the request
+//! timeout, after 100 ms then 200 ms (or what the receiver's `Retry-After` / `RetryInfo`
+//! asks, if that fits); past that the next export carries the state.
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf as _, BufMut as _, Bytes};
+use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use super::super::settings::{Signal, Target};
+use super::super::stats::{Outcome, Stats};
+use super::super::transport::{Tls, chain, grpc_metadata, is_rejection};
+
+/// The gRPC method.
+const EXPORT: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
+/// Attempts per export at most.
+const ATTEMPTS: u32 = 3;
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+
+/// Where metrics go, and how.
+pub enum Sender {
+    /// OTLP/HTTP.
+    Http {
+        /// The blocking client (TLS, timeouts).
+        client: reqwest::blocking::Client,
+        /// The full URL, with `/v1/metrics`.
+        url: String,
+        /// Request headers (never logged).
+        headers: reqwest::header::HeaderMap,
+        /// gzip the body.
+        gzip: bool,
+        /// The compressed body, its buffer kept between exports.
+        compressed: Vec<u8>,
+    },
+    /// OTLP/gRPC.
+    Grpc {
+        /// The client over a lazily connected channel.
+        grpc: tonic::client::Grpc<Channel>,
+        /// Metadata sent with every call (never logged).
+        metadata: tonic::metadata::MetadataMap,
+        /// Runs the calls (the sink's thread is not a runtime thread).
+        runtime: tokio::runtime::Handle,
+    },
+}
+
+impl Sender {
+    /// The HTTP sender over `client`.
+    pub fn http(t: &Target, client: reqwest::blocking::Client) -> anyhow::Result<Self> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (k, v) in &t.headers {
+            let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| anyhow::anyhow!("sinks.otlp.headers: {k:?} is not a header name"))?;
+            let value = reqwest::header::HeaderValue::from_str(v).map_err(|_| {
+                anyhow::anyhow!(
+                    "sinks.otlp.headers: the value of {k:?} is not a valid header value"
+                )
+            })?;
+            headers.insert(name, value);
+        }
+        headers.insert(
+            reqwest::header::CONTENT_TYPE,
+            reqwest::header::HeaderValue::from_static("application/x-protobuf"),
+        );
+        if t.gzip {
+            headers.insert(
+                reqwest::header::CONTENT_ENCODING,
+                reqwest::header::HeaderValue::from_static("gzip"),
+            );
+        }
+        Ok(Sender::Http {
+            client,
+            url: t.endpoint.clone(),
+            headers,
+            gzip: t.gzip,
+            compressed: Vec::new(),
+        })
+    }
+
+    /// The gRPC sender (the channel connects on the first call; call inside the runtime).
+    pub fn grpc(t: &Target, tls: &Tls) -> anyhow::Result<Self> {
+        let bad = |e: tonic::transport::Error| {
+            anyhow::anyhow!(
+                "sinks.otlp.endpoint {:?}: {}",
+                crate::redact::url(&t.endpoint),
+                chain(&e)
+            )
+        };
+        let mut endpoint = Endpoint::from_shared(t.endpoint.clone())
+            .map_err(bad)?
+            .timeout(t.timeout)
+            .connect_timeout(t.timeout.min(Duration::from_secs(5)))
+            .user_agent(concat!("junction/", env!("CARGO_PKG_VERSION")))
+            .map_err(bad)?;
+        if t.endpoint.starts_with("https://") {
+            let mut c = ClientTlsConfig::new().with_webpki_roots();
+            if let Some(ca) = &tls.ca {
+                c = c.ca_certificate(Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &tls.identity {
+                c = c.identity(Identity::from_pem(cert, key));
+            }
+            endpoint = endpoint.tls_config(c).map_err(bad)?;
+        }
+        let mut grpc = tonic::client::Grpc::new(endpoint.connect_lazy());
+        if t.gzip {
+            grpc = grpc
+                .send_compressed(CompressionEncoding::Gzip)
+                .accept_compressed(CompressionEncoding::Gzip);
+        }
+        Ok(Sender::Grpc {
+            grpc,
+            metadata: grpc_metadata(t)?,
+            runtime: tokio::runtime::Handle::current(),
+        })
+    }
+
+    /// Sends `body` (an encoded `ExportMetricsServiceRequest`), retrying as the module says
+    /// within `timeout`; `stopping` cuts the waits short.
+    pub fn export(
+        &mut self,
+        body: &[u8],
+        timeout: Duration,
+        stats: &Stats,
+        stopping: &dyn Fn() -> bool,
+    ) -> Outcome {
+        let deadline = Instant::now() + timeout;
+        let mut wait = FIRST_RETRY;
+        let mut attempt = 1;
+        loop {
+            let (outcome, hint) = self.attempt(body, stats);
+            if !matches!(outcome, Outcome::Retryable(_)) || attempt >= ATTEMPTS || stopping() {
+                return outcome;
+            }
+            let pause = hint.unwrap_or(wait);
+            if Instant::now() + pause >= deadline {
+                return outcome;
+            }
+            std::thread::sleep(pause);
+            wait *= 2;
+            attempt += 1;
+        }
+    }
+
+    /// One attempt: how it ended and how long the receiver asked to wait, if it did.
+    fn attempt(&mut self, body: &[u8], stats: &Stats) -> (Outcome, Option<Duration>) {
+        match self {
+            Sender::Http {
+                client,
+                url,
+                headers,
+                gzip,
+                compressed,
+            } => {
+                let payload = if *gzip {
+                    compressed.clear();
+                    let mut z = flate2::write::GzEncoder::new(
+                        std::mem::take(compressed),
+                        flate2::Compression::default(),
+                    );
+                    if let Err(e) = z.write_all(body) {
+                        return (Outcome::Retryable(format!("gzip: {e}")), None);
+                    }
+                    match z.finish() {
+                        Ok(v) => {
+                            *compressed = v;
+                            Bytes::copy_from_slice(compressed)
+                        }
+                        Err(e) => return (Outcome::Retryable(format!("gzip: {e}")), None),
+                    }
+                } else {
+                    Bytes::copy_from_slice(body)
+                };
+                stats.sent(Signal::Metrics, payload.len());
+                let r = client
+                    .post(url.as_str())
+                    .headers(headers.clone())
+                    .body(payload)
+                    .send();
+                match r {
+                    Ok(resp) if resp.status().is_success() => {
+                        // The body (a partial success, if any) is read so the connection is
+                        // reused.
+                        let _ = resp.bytes();
+                        (Outcome::Ok, None)
+                    }
+                    Ok(resp) => {
+                        let code = resp.status().as_u16();
+                        let hint = resp
+                            .headers()
+                            .get(reqwest::header::RETRY_AFTER)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                            .map(Duration::from_secs);
+                        let text = resp.bytes().unwrap_or_default();
+                        let text = String::from_utf8_lossy(&text[..text.len().min(512)])
+                            .trim()
+                            .to_string();
+                        let why = format!("HTTP {code}: {text}");
+                        if is_rejection(code) {
+                            (Outcome::Rejected(why), None)
+                        } else {
+                            (Outcome::Retryable(why), hint)
+                        }
+                    }
+                    Err(e) => (Outcome::Retryable(chain(&e)), None),
+                }
+            }
+            Sender::Grpc {
+                grpc,
+                metadata,
+                runtime,
+            } => {
+                let mut request = tonic::Request::new(Bytes::copy_from_slice(body));
+                *request.metadata_mut() = metadata.clone();
+                let path = tonic::codegen::http::uri::PathAndQuery::from_static(EXPORT);
+                let mut grpc = grpc.clone();
+                let r = runtime.block_on(async move {
+                    grpc.ready()
+                        .await
+                        .map_err(|e| tonic::Status::unavailable(chain(&e)))?;
+                    grpc.unary::<Bytes, (), _>(request, path, Raw).await
+                });
+                match r {
+                    Ok(_) => (Outcome::Ok, None),
+                    Err(status) => classify(&status),
+                }
+            }
+        }
+    }
+}
+
+/// A gRPC status as an outcome, with the receiver's `RetryInfo` delay if it sent one.
+fn classify(status: &tonic::Status) -> (Outcome, Option<Duration>) {
+    use tonic::Code;
+    use tonic_types::StatusExt as _;
+    let code = format!("{:?}", status.code());
+    let text = if status.message().is_empty() {
+        code
+    } else {
+        format!("{code}: {}", status.message())
+    };
+    // The codes the OTLP specification says not to retry.
+    let rejected = matches!(
+        status.code(),
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::Unimplemented
+            | Code::FailedPrecondition
+            | Code::AlreadyExists
+            | Code::OutOfRange
+    );
+    if rejected {
+        return (Outcome::Rejected(text), None);
+    }
+    let hint = status.get_details_retry_info().and_then(|r| r.retry_delay);
+    (Outcome::Retryable(text), hint)
+}
+
+/// The codec of the export call: the request is already protobuf; the response (a possible
+/// partial success) is read and let go.
+#[derive(Clone, Copy)]
+struct Raw;
+
+impl Codec for Raw {
+    type Encode = Bytes;
+    type Decode = ();
+    type Encoder = Raw;
+    type Decoder = Raw;
+
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl Encoder for Raw {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for Raw {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
+        let n = src.remaining();
+        src.advance(n);
+        Ok(Some(()))
+    }
+}

@@ -1,0 +1,269 @@
+//! The wire format checked by decoding it with `opentelemetry-proto`'s generated types (what
+//! a receiver runs), against the view it was written from.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value;
+use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
+use prost::Message as _;
+
+use super::*;
+use crate::model::view::Snapshot;
+use crate::model::{GpuInfo, Group, Metric, Model, lock};
+
+fn envelope() -> Envelope {
+    Envelope {
+        resource: vec![
+            ("service.name".into(), "junction".into()),
+            // Longer than 127 bytes: a two-byte length.
+            ("cluster".into(), "c".repeat(300)),
+        ],
+        schema_url: "https://opentelemetry.io/schemas/1.44.0".into(),
+        scope: ("junction".into(), "1.2.3".into()),
+    }
+}
+
+/// A model with one GPU: a power gauge (and a NaN one), an energy counter, and `n` node
+/// event counters with long names.
+fn model(energy: f64, events: usize) -> Arc<Model> {
+    let model = Model::new();
+    let slot = model.add_gpu(GpuInfo {
+        uuid: "GPU-1".into(),
+        name: "H100".into(),
+        ..Default::default()
+    });
+    lock(&slot).groups[Group::Power.index()] = Arc::new(vec![
+        Sample::new(Metric::Power, 612.5).with("hw.type", "gpu"),
+        Sample::new(Metric::Power, f64::NAN).with("hw.type", "board"),
+        Sample::new(Metric::Energy, energy).with("hw.type", "gpu"),
+    ]);
+    model.publish(
+        "test",
+        "events",
+        (0..events)
+            .map(|n| {
+                Sample::new(Metric::Events, n as f64)
+                    .with("event.name", format!("event.{n}.{}", "x".repeat(n % 200)))
+            })
+            .collect(),
+    );
+    model
+}
+
+type Points = BTreeMap<(String, Vec<(String, String)>), (f64, u64, u64)>;
+
+/// Every point of a request: (name, attributes) → (value, start, time); and per metric
+/// (name, unit, description, kind, temporality).
+fn decode(bytes: &[u8]) -> (ExportMetricsServiceRequest, Points) {
+    let req = ExportMetricsServiceRequest::decode(bytes).expect("a valid request");
+    let mut out = Points::new();
+    for rm in &req.resource_metrics {
+        for sm in &rm.scope_metrics {
+            for m in &sm.metrics {
+                let points = match &m.data {
+                    Some(metric::Data::Gauge(g)) => &g.data_points,
+                    Some(metric::Data::Sum(s)) => &s.data_points,
+                    other => panic!("{}: {other:?}", m.name),
+                };
+                for p in points {
+                    let attrs = p
+                        .attributes
+                        .iter()
+                        .map(|kv| {
+                            let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                                Some(any_value::Value::StringValue(s)) => s.clone(),
+                                other => panic!("{other:?}"),
+                            };
+                            (kv.key.clone(), v)
+                        })
+                        .collect();
+                    let Some(number_data_point::Value::AsDouble(v)) = p.value else {
+                        panic!("{} without a double", m.name)
+                    };
+                    let old = out.insert(
+                        (m.name.clone(), attrs),
+                        (v, p.start_time_unix_nano, p.time_unix_nano),
+                    );
+                    assert!(old.is_none(), "one point per series");
+                }
+            }
+        }
+    }
+    (req, out)
+}
+
+fn encode(e: &mut Encoder, m: &Model, now: u64) -> (ExportMetricsServiceRequest, Points, usize) {
+    let snap = Snapshot::take(m);
+    let view = snap.view();
+    let (bytes, n) = e.encode(&view, now);
+    let (req, points) = decode(bytes);
+    (req, points, n)
+}
+
+fn attrs(a: &[(&str, &str)]) -> Vec<(String, String)> {
+    a.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_request_holds_every_finite_sample_with_its_attributes_names_and_units() {
+    let m = model(1000.0, 300);
+    let mut e = Encoder::new(envelope(), false, 5);
+    let (req, points, n) = encode(&mut e, &m, 7);
+    assert_eq!(n, points.len());
+    // The resource, the scope and the schema URLs.
+    let rm = &req.resource_metrics[0];
+    assert_eq!(req.resource_metrics.len(), 1);
+    assert_eq!(rm.schema_url, "https://opentelemetry.io/schemas/1.44.0");
+    let res = rm.resource.as_ref().expect("resource");
+    assert_eq!(res.attributes.len(), 2);
+    assert_eq!(res.attributes[1].key, "cluster");
+    let sm = &rm.scope_metrics[0];
+    assert_eq!(sm.schema_url, rm.schema_url);
+    let scope = sm.scope.as_ref().expect("scope");
+    assert_eq!(
+        (scope.name.as_str(), scope.version.as_str()),
+        ("junction", "1.2.3")
+    );
+    // The GPU's power: hw.id first, its own attribute, then the identity.
+    let ident = [
+        ("hw.vendor", "nvidia"),
+        ("hw.model", "H100"),
+        ("hw.name", "H100"),
+    ];
+    let mut power = vec![("hw.id", "GPU-1"), ("hw.type", "gpu")];
+    power.extend(ident);
+    assert_eq!(points[&("hw.power".into(), attrs(&power))], (612.5, 5, 7));
+    // The NaN is left out, as the SDK leaves it out.
+    assert!(
+        !points
+            .keys()
+            .any(|(n, a)| n == "hw.power"
+                && a.contains(&("hw.type".to_string(), "board".to_string())))
+    );
+    // Every one of the 300 long-named counters (a metric of more than 16 KiB).
+    for k in 0..300 {
+        let name = format!("event.{k}.{}", "x".repeat(k % 200));
+        assert_eq!(
+            points[&("junction.events".into(), attrs(&[("event.name", &name)]))],
+            (k as f64, 5, 7)
+        );
+    }
+    // Every metric's name, unit, description and kind from the registry.
+    for metric in &sm.metrics {
+        let d = REGISTRY
+            .iter()
+            .find(|d| d.name == metric.name)
+            .expect("registered");
+        assert_eq!(
+            (metric.unit.as_str(), metric.description.as_str()),
+            (d.unit, d.help)
+        );
+        match (&metric.data, d.kind) {
+            (Some(metric::Data::Gauge(_)), Kind::Gauge) => {}
+            (Some(metric::Data::Sum(s)), Kind::Counter) => {
+                assert!(s.is_monotonic);
+                assert_eq!(s.aggregation_temporality, 2, "cumulative");
+            }
+            (Some(metric::Data::Sum(s)), Kind::UpDownCounter) => {
+                assert!(!s.is_monotonic);
+                assert_eq!(s.aggregation_temporality, 2);
+            }
+            (data, kind) => panic!("{}: {data:?} for {kind:?}", metric.name),
+        }
+    }
+    // The same series as the Prometheus page (less the NaN).
+    let snap = Snapshot::take(&m);
+    let mut page = String::new();
+    crate::sinks::prometheus::encode::render(&snap.view(), &mut page);
+    let lines = page
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty() && !l.ends_with(" NaN"))
+        .count();
+    assert_eq!(lines, points.len(), "{page}");
+    // The buffer is reused: a second export of the same state is the same bytes.
+    let first = e.encode(&snap.view(), 7).0.to_vec();
+    assert_eq!(e.encode(&snap.view(), 7).0, &first[..]);
+}
+
+#[test]
+fn delta_reports_each_counters_increase_and_forgets_series_that_went() {
+    let mut e = Encoder::new(envelope(), true, 5);
+    let energy = |p: &Points| {
+        p.iter()
+            .find(|((n, _), _)| n == "hw.energy")
+            .map(|(_, v)| *v)
+    };
+    let (req, p, _) = encode(&mut e, &model(1000.0, 3), 10);
+    let sum = req.resource_metrics[0].scope_metrics[0]
+        .metrics
+        .iter()
+        .find_map(|m| match &m.data {
+            Some(metric::Data::Sum(s)) if m.name == "hw.energy" => Some(s.clone()),
+            _ => None,
+        })
+        .expect("hw.energy");
+    assert_eq!(sum.aggregation_temporality, 1, "delta");
+    // The first export: the whole value, from the sink's start.
+    assert_eq!(energy(&p), Some((1000.0, 5, 10)));
+    // Then the increase since the previous export, from its time.
+    let (_, p, _) = encode(&mut e, &model(1250.0, 3), 20);
+    assert_eq!(energy(&p), Some((250.0, 10, 20)));
+    // Gauges start at the previous export too; up-down counters stay cumulative.
+    let (req, p, _) = encode(&mut e, &model(1250.0, 3), 30);
+    assert_eq!(energy(&p), Some((0.0, 20, 30)));
+    let status = req.resource_metrics[0].scope_metrics[0]
+        .metrics
+        .iter()
+        .find_map(|m| match &m.data {
+            Some(metric::Data::Sum(s)) if m.name == "hw.status" => Some(s.clone()),
+            _ => None,
+        })
+        .expect("hw.status");
+    assert_eq!(status.aggregation_temporality, 2);
+    assert!(
+        status
+            .data_points
+            .iter()
+            .all(|d| d.start_time_unix_nano == 5)
+    );
+    assert!(
+        p.iter()
+            .any(|((n, _), (_, start, _))| n == "hw.power" && *start == 20)
+    );
+    // A counter that went back (a driver reload) reports its new value.
+    let (req, p, _) = encode(&mut e, &model(40.0, 3), 40);
+    assert_eq!(energy(&p), Some((40.0, 30, 40)));
+    // What delta keeps is the last export's counters: 3 event counters, the energy, and the
+    // model's own.
+    let counters = |req: &ExportMetricsServiceRequest| -> usize {
+        req.resource_metrics[0].scope_metrics[0]
+            .metrics
+            .iter()
+            .map(|m| match &m.data {
+                Some(metric::Data::Sum(s)) if s.is_monotonic => s.data_points.len(),
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!(e.tracked(), counters(&req));
+    let before = e.tracked();
+    assert!(before >= 4);
+    let (req, p, _) = encode(&mut e, &model(40.0, 1), 50);
+    assert_eq!(
+        e.tracked(),
+        before - 2,
+        "the two counters that went are forgotten"
+    );
+    assert_eq!(counters(&req), e.tracked());
+    assert_eq!(
+        p[&(
+            "junction.events".into(),
+            attrs(&[("event.name", "event.0.")])
+        )],
+        (0.0, 40, 50)
+    );
+}
