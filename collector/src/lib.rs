@@ -29,6 +29,9 @@ pub enum Format {
     Prometheus,
     /// JSON.
     Json,
+    /// The OTLP metrics request an export would send now: protobuf, uncompressed (write it
+    /// to a file; `protoc --decode_raw` reads it).
+    Otlp,
 }
 
 /// `junction inventory` formats.

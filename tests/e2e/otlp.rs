@@ -791,3 +791,53 @@ fn an_endpoint_without_enabled_says_at_start_that_nothing_is_pushed() {
     assert!(!c.log().contains("nothing is pushed over OTLP"));
     assert!(c.terminate().success());
 }
+
+/// `junction once --format otlp` writes the request an export sends: it decodes, every
+/// metric's name, unit, kind and attributes are the registry's, and it holds the series
+/// `once --format prometheus` prints.
+#[test]
+fn once_writes_the_metrics_request_an_export_sends() {
+    use prost::Message as _;
+    let dir = support::temp_dir();
+    let config = dir.join("once.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "proc_root = {:?}\n[sources.nvml]\nlibrary = {:?}\n[sinks.otlp]\nresource_attributes = {{ cluster = \"once\" }}\n",
+            support::empty_proc().display().to_string(),
+            support::sim_lib("current").display().to_string()
+        ),
+    )
+    .expect("config");
+    let run = |format: &str| {
+        let out = support::output(
+            support::junction()
+                .env(
+                    "JUNCTION_NVML_SIM_SCENARIO",
+                    support::scenario("h100-training.toml"),
+                )
+                .args(["once", "--format", format, "--config"])
+                .arg(&config),
+        );
+        assert!(
+            out.status.success(),
+            "once --format {format}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let req = ExportMetricsServiceRequest::decode(&run("otlp")[..]).expect("a request");
+    let res = req.resource_metrics[0].resource.clone().expect("resource");
+    assert_eq!(attr(&res.attributes, "cluster"), Some("once"));
+    let otlp: BTreeSet<_> = otlp_points(&req, &registry()).into_keys().collect();
+    let prom: BTreeSet<_> = parse(&String::from_utf8(run("prometheus")).expect("text"))
+        .into_iter()
+        .map(|s| (s.name, s.labels))
+        .collect();
+    assert!(otlp.len() > 1500, "{} series", otlp.len());
+    assert_eq!(
+        otlp.symmetric_difference(&prom).collect::<Vec<_>>(),
+        Vec::<&(String, BTreeMap<String, String>)>::new(),
+        "the same series as the page"
+    );
+}

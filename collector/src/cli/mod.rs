@@ -355,8 +355,16 @@ fn naming(config: &Config) {
 /// `junction once`: one collection, printed.
 pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
     naming(&config);
+    let otlp = (matches!(format, Format::Otlp)).then(|| config.sinks.otlp.clone());
     let (model, _) = collect_once(config, false)?;
+    if let Some(otlp) = otlp {
+        use std::io::Write as _;
+        let bytes = crate::sinks::otlp::request_now(&otlp, &model)?;
+        std::io::stdout().write_all(&bytes)?;
+        return Ok(());
+    }
     let text = match format {
+        Format::Otlp => unreachable!("written above"),
         Format::Prometheus => prometheus::render(&model),
         Format::Json => serde_json::to_string_pretty(&json(&model))? + "\n",
         Format::Table => table(&model),

@@ -64,6 +64,9 @@ struct Inner {
     file: Option<std::fs::File>,
     entries: VecDeque<Entry>,
     bytes: u64,
+    /// What [`History::entries`] last handed out, until the next change: the health source
+    /// reads the history every cycle, and it changes only when something happens.
+    shared: Option<std::sync::Arc<[Entry]>>,
 }
 
 /// The history.
@@ -129,6 +132,7 @@ impl History {
         line.push('\n');
         i.bytes += line.len() as u64;
         i.entries.push_back(e);
+        i.shared = None;
         if i.bytes > i.max_bytes {
             let half = i.max_bytes / 2;
             self.compact(&mut i, half);
@@ -168,6 +172,7 @@ impl History {
         }
         let drop = keep.min(i.entries.len());
         i.entries.drain(..drop);
+        i.shared = None;
         i.bytes = bytes;
         let Some(path) = i.path.clone() else { return };
         let tmp = path.with_extension("jsonl.tmp");
@@ -184,15 +189,36 @@ impl History {
         }
     }
 
-    /// Every entry, oldest first.
-    pub fn entries(&self) -> Vec<Entry> {
-        lock(&self.inner).entries.iter().cloned().collect()
+    /// Every entry, oldest first (shared: copied only once after each change).
+    pub fn entries(&self) -> std::sync::Arc<[Entry]> {
+        let mut i = lock(&self.inner);
+        if let Some(s) = &i.shared {
+            return s.clone();
+        }
+        let s: std::sync::Arc<[Entry]> = i.entries.iter().cloned().collect();
+        i.shared = Some(s.clone());
+        s
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_are_shared_until_the_next_change() {
+        let h = History::new(64 * 1024, Duration::from_secs(86400));
+        h.append(Entry::now("b", "GPU-1", "xid", "79", "fell off the bus"));
+        let a = h.entries();
+        assert!(std::sync::Arc::ptr_eq(&a, &h.entries()), "no copy per read");
+        h.append(Entry::now("b", "GPU-1", "xid", "48", "DBE"));
+        let b = h.entries();
+        assert_eq!(
+            b.iter().map(|e| e.code.as_str()).collect::<Vec<_>>(),
+            ["79", "48"]
+        );
+        assert_eq!(a.len(), 1, "what was handed out stays as it was");
+    }
 
     #[test]
     fn a_flood_stays_in_its_bounds_and_a_torn_line_loses_only_itself() {
@@ -213,7 +239,7 @@ mod tests {
         let on_disk = read(&dir.join(FILE));
         let mem = h.entries();
         assert_eq!(on_disk.len(), mem.len(), "memory and file hold as many");
-        let differ = on_disk.iter().zip(&mem).position(|(a, b)| a != b);
+        let differ = on_disk.iter().zip(mem.iter()).position(|(a, b)| a != b);
         assert_eq!(
             differ,
             None,
@@ -235,7 +261,10 @@ mod tests {
         drop(f);
         let h2 = History::new(64 * 1024, Duration::from_secs(86400));
         h2.open(Some(&dir));
-        assert!(h2.entries() == on_disk, "everything but the torn line");
+        assert!(
+            h2.entries()[..] == on_disk[..],
+            "everything but the torn line"
+        );
         h2.append(Entry::now("boot-b", "GPU-1", "xid", "48", "after"));
         assert_eq!(
             read(&dir.join(FILE)).len(),

@@ -211,6 +211,28 @@ pub const COMPONENT: Component = Component {
     off_but_asked: Some(|c| off_but_addressed(&c.sinks.otlp, &|k| std::env::var(k).ok())),
 };
 
+/// The metrics request an export would send for `model` now (`junction once --format
+/// otlp`), with the resource the settings make.
+pub fn request_now(config: &OtlpConfig, model: &crate::model::Model) -> anyhow::Result<Vec<u8>> {
+    let env = |k: &str| std::env::var(k).ok();
+    let settings: Settings =
+        settings::resolve(config, &env).map_err(|e| anyhow::anyhow!("sinks.otlp: {e}"))?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut encoder = metrics::encode::Encoder::new(envelope(&settings), settings.delta, now);
+    let snap = crate::model::view::Snapshot::take(model);
+    Ok(encoder.encode(&snap.view(), now).0.to_vec())
+}
+
+fn envelope(settings: &Settings) -> metrics::encode::Envelope {
+    metrics::encode::Envelope {
+        resource: resource::attributes(settings),
+        schema_url: resource::SCHEMA_URL.into(),
+        scope: ("junction".into(), env!("CARGO_PKG_VERSION").into()),
+    }
+}
+
 /// Resolves the settings (a bad `OTEL_*` variable fails the start, naming it), builds the
 /// exporters and starts the metric reader and the event shipper.
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
@@ -229,14 +251,9 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
         interval_secs = settings.interval.as_secs(),
         "pushing metrics and events over OTLP"
     );
-    let envelope = metrics::encode::Envelope {
-        resource: resource::attributes(&settings),
-        schema_url: resource::SCHEMA_URL.into(),
-        scope: ("junction".into(), env!("CARGO_PKG_VERSION").into()),
-    };
     let exporter = metrics::start(
         exporters.metrics,
-        envelope,
+        envelope(&settings),
         &settings,
         ctx.model.clone(),
         stats.clone(),
