@@ -27,6 +27,8 @@ commands:
   bench --soak MIN  memory over MIN minutes with every source on and processes coming and going;
                     rewrites BENCHMARKS.md's soak section
   bench --bmc       the BMC polls alone; rewrites BENCHMARKS.md's BMC section
+  bench --otlp      the OTLP export rows alone (beside a scrape of the same state); rewrites that
+                    section of BENCHMARKS.md
   bench --fabric    the NIC and PCIe polls alone; rewrites that section of BENCHMARKS.md
   bench --kmsg      the kernel-log benchmarks alone; rewrites that section of BENCHMARKS.md
   bench --dcgm      the dcgm-exporter compatibility page's cost per scrape beside /metrics; rewrites
@@ -60,6 +62,7 @@ fn main() -> Result<()> {
             bench::run_soak(minutes)
         }
         "bench" if rest.iter().any(|a| a == "--bmc") => bench::run_bmc(),
+        "bench" if rest.iter().any(|a| a == "--otlp") => bench::run_otlp(),
         "bench" if rest.iter().any(|a| a == "--fabric") => bench::run_fabric(),
         "bench" if rest.iter().any(|a| a == "--kmsg") => bench::run_kmsg(),
         "bench" if rest.iter().any(|a| a == "--dcgm") => {

@@ -1,4 +1,4 @@
-//! Sends an encoded metrics request: OTLP/HTTP (a POST of the protobuf body, gzip when on,
+//! Sends an encoded metrics request: OTLP/HTTP (a POST of the protobuf body, gzip level 2 when on,
 //! through the sink's blocking reqwest client with its TLS settings) or OTLP/gRPC (the
 //! `MetricsService/Export` call through a tonic channel, the bytes passed through as the
 //! message, gzip by tonic). Every response is classified: 2xx / OK delivered; HTTP 4xx but
@@ -162,7 +162,10 @@ impl Sender {
                     compressed.clear();
                     let mut z = flate2::write::GzEncoder::new(
                         std::mem::take(compressed),
-                        flate2::Compression::default(),
+                        // Level 2. The 8-GPU node's 305 KB request: 18.9 KB (9 bytes a
+                        // point); level 1 (zlib-rs's quickest strategy) 21.4 KB for barely
+                        // less CPU; level 6 17.1 KB for two to three times the CPU.
+                        flate2::Compression::new(2),
                     );
                     if let Err(e) = z.write_all(body) {
                         return (Outcome::Retryable(format!("gzip: {e}")), None);
