@@ -38,13 +38,7 @@ impl Shipper {
     pub fn stop(self, deadline: Duration) {
         self.stopping.store(true, Ordering::Relaxed);
         self.model.events.wake();
-        let end = Instant::now() + deadline;
-        while !self.thread.is_finished() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if self.thread.is_finished() {
-            let _ = self.thread.join();
-        } else {
+        if !super::join_within(self.thread, deadline) {
             tracing::warn!("OTLP events still pending at shutdown were not delivered in time");
         }
     }

@@ -241,8 +241,20 @@ pub fn grpc_metadata(t: &Target) -> anyhow::Result<tonic::metadata::MetadataMap>
     Ok(metadata)
 }
 
+/// tonic's TLS settings: the built-in roots, the CA file, the client identity.
+pub fn tonic_tls(tls: &Tls) -> tonic::transport::ClientTlsConfig {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let mut c = ClientTlsConfig::new().with_webpki_roots();
+    if let Some(ca) = &tls.ca {
+        c = c.ca_certificate(Certificate::from_pem(ca));
+    }
+    if let Some((cert, key)) = &tls.identity {
+        c = c.identity(Identity::from_pem(cert, key));
+    }
+    c
+}
+
 fn grpc<B: WithTonicConfig + WithExportConfig>(b: B, t: &Target, tls: &Tls) -> anyhow::Result<B> {
-    use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
     let mut b = b
         .with_endpoint(&t.endpoint)
         .with_timeout(t.timeout)
@@ -252,14 +264,7 @@ fn grpc<B: WithTonicConfig + WithExportConfig>(b: B, t: &Target, tls: &Tls) -> a
         b = b.with_compression(Compression::Gzip);
     }
     if t.endpoint.starts_with("https://") {
-        let mut c = ClientTlsConfig::new().with_webpki_roots();
-        if let Some(ca) = &tls.ca {
-            c = c.ca_certificate(Certificate::from_pem(ca));
-        }
-        if let Some((cert, key)) = &tls.identity {
-            c = c.identity(Identity::from_pem(cert, key));
-        }
-        b = b.with_tls_config(c);
+        b = b.with_tls_config(tonic_tls(tls));
     }
     Ok(b)
 }

@@ -67,13 +67,7 @@ impl Exporter {
     pub fn stop(self, deadline: Duration) {
         self.stopping.store(true, Ordering::Relaxed);
         let _ = self.stop.send(());
-        let end = Instant::now() + deadline;
-        while !self.thread.is_finished() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if self.thread.is_finished() {
-            let _ = self.thread.join();
-        } else {
+        if !super::join_within(self.thread, deadline) {
             tracing::warn!("the last OTLP metric export did not finish in time");
         }
     }

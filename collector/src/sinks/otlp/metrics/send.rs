@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf as _, BufMut as _, Bytes};
 use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
 
 use super::super::settings::{Signal, Target};
 use super::super::stats::{Outcome, Stats};
-use super::super::transport::{Tls, chain, grpc_metadata, is_rejection};
+use super::super::transport::{Tls, chain, grpc_metadata, is_rejection, tonic_tls};
 
 /// The gRPC method.
 const EXPORT: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
@@ -99,14 +99,7 @@ impl Sender {
             .user_agent(concat!("junction/", env!("CARGO_PKG_VERSION")))
             .map_err(bad)?;
         if t.endpoint.starts_with("https://") {
-            let mut c = ClientTlsConfig::new().with_webpki_roots();
-            if let Some(ca) = &tls.ca {
-                c = c.ca_certificate(Certificate::from_pem(ca));
-            }
-            if let Some((cert, key)) = &tls.identity {
-                c = c.identity(Identity::from_pem(cert, key));
-            }
-            endpoint = endpoint.tls_config(c).map_err(bad)?;
+            endpoint = endpoint.tls_config(tonic_tls(tls)).map_err(bad)?;
         }
         let mut grpc = tonic::client::Grpc::new(endpoint.connect_lazy());
         if t.gzip {
