@@ -183,7 +183,7 @@ impl Sender {
                     Ok(resp) if resp.status().is_success() => {
                         // The body (a partial success, if any) is read so the connection is
                         // reused.
-                        let _ = resp.bytes();
+                        let _ = body_start(resp);
                         (Outcome::Ok, None)
                     }
                     Ok(resp) => {
@@ -194,7 +194,7 @@ impl Sender {
                             .and_then(|v| v.to_str().ok())
                             .and_then(|v| v.trim().parse::<u64>().ok())
                             .map(Duration::from_secs);
-                        let text = resp.bytes().unwrap_or_default();
+                        let text = body_start(resp);
                         let text = String::from_utf8_lossy(&text[..text.len().min(512)])
                             .trim()
                             .to_string();
@@ -230,6 +230,15 @@ impl Sender {
             }
         }
     }
+}
+
+/// At most the first 64 KiB of a response body: what a receiver answers is not ours to
+/// hold whole (a partial success is a few hundred bytes, an error message less).
+fn body_start(resp: reqwest::blocking::Response) -> Vec<u8> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    let _ = resp.take(64 * 1024).read_to_end(&mut out);
+    out
 }
 
 /// A gRPC status as an outcome, with the receiver's `RetryInfo` delay if it sent one.
