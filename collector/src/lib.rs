@@ -2,6 +2,7 @@
 //! outside input, for the `junction` binary, the tests and the fuzz targets.
 
 pub mod agent;
+pub mod allocator;
 pub mod cli;
 pub mod config;
 pub mod internal_events;

@@ -103,32 +103,8 @@ fn init_logging(filter: &str) {
         .init();
 }
 
-/// glibc's allocator set for a daemon that runs for months: at most two arenas (by default
-/// glibc makes up to eight per core, one per thread that allocates at once, and each keeps
-/// its own free pages), and blocks of 128 KiB or more always mapped on their own (by default
-/// the threshold rises to the largest block freed, after which the scrape's and the
-/// exports' large buffers are carved from the arenas and fragment them). On the soak's
-/// 8-GPU node RSS after the warm-up was 4 to 8 MiB lower with both (`cargo xtask bench
-/// --soak`). `MALLOC_ARENA_MAX` / `MALLOC_MMAP_THRESHOLD_` in the environment win.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn tune_allocator() {
-    let set = |var: &str| std::env::var_os(var).is_some();
-    // SAFETY: mallopt only changes allocator parameters; this runs before any other thread.
-    unsafe {
-        if !set("MALLOC_ARENA_MAX") {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
-        }
-        if !set("MALLOC_MMAP_THRESHOLD_") {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-        }
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn tune_allocator() {}
-
 fn main() -> ExitCode {
-    tune_allocator();
+    junction::allocator::tune();
     let args = Args::parse();
     // One-shot commands print their result on stdout; keep stderr to warnings by default.
     let quiet = matches!(

@@ -148,6 +148,7 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
         }
     }
     crate::privileges::open_gate();
+    let release = tokio::spawn(crate::allocator::release_periodically(stop_sinks.clone()));
     signals.wait().await;
     tracing::info!("shutting down");
     // Sources first, then the sinks (which may make a final export of what the sources left).
@@ -155,6 +156,7 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     wait_all("source", source_tasks).await;
     stop_sinks.trigger();
     wait_all("sink", sink_tasks).await;
+    let _ = release.await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -7,10 +7,9 @@
 //! rewritten atomically. A line a kill cut short is skipped when the file is read: at most the
 //! last event is lost, and nothing else is.
 
-use std::collections::VecDeque;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::lock;
@@ -62,11 +61,11 @@ struct Inner {
     max_age: Duration,
     path: Option<PathBuf>,
     file: Option<std::fs::File>,
-    entries: VecDeque<Entry>,
+    /// Handed out as it is by [`History::entries`] (the health source reads it every
+    /// cycle); a change copies it only while a reader still holds the last one, so that
+    /// the history is held once, not once here and once for the readers.
+    entries: Arc<Vec<Entry>>,
     bytes: u64,
-    /// What [`History::entries`] last handed out, until the next change: the health source
-    /// reads the history every cycle, and it changes only when something happens.
-    shared: Option<std::sync::Arc<[Entry]>>,
 }
 
 /// The history.
@@ -117,7 +116,7 @@ impl History {
         let mut i = lock(&self.inner);
         let Some(dir) = dir else { return };
         let path = dir.join(FILE);
-        i.entries = read(&path).into();
+        i.entries = Arc::new(read(&path));
         i.path = Some(path);
         let max = i.max_bytes;
         self.compact(&mut i, max);
@@ -131,8 +130,7 @@ impl History {
         };
         line.push('\n');
         i.bytes += line.len() as u64;
-        i.entries.push_back(e);
-        i.shared = None;
+        Arc::make_mut(&mut i.entries).push(e);
         if i.bytes > i.max_bytes {
             let half = i.max_bytes / 2;
             self.compact(&mut i, half);
@@ -155,7 +153,7 @@ impl History {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let oldest = now.saturating_sub(i.max_age.as_millis() as u64);
-        i.entries.retain(|e| e.ms >= oldest);
+        Arc::make_mut(&mut i.entries).retain(|e| e.ms >= oldest);
         let lines: Vec<String> = i
             .entries
             .iter()
@@ -171,8 +169,9 @@ impl History {
             keep = n;
         }
         let drop = keep.min(i.entries.len());
-        i.entries.drain(..drop);
-        i.shared = None;
+        if drop > 0 {
+            Arc::make_mut(&mut i.entries).drain(..drop);
+        }
         i.bytes = bytes;
         let Some(path) = i.path.clone() else { return };
         let tmp = path.with_extension("jsonl.tmp");
@@ -189,15 +188,9 @@ impl History {
         }
     }
 
-    /// Every entry, oldest first (shared: copied only once after each change).
-    pub fn entries(&self) -> std::sync::Arc<[Entry]> {
-        let mut i = lock(&self.inner);
-        if let Some(s) = &i.shared {
-            return s.clone();
-        }
-        let s: std::sync::Arc<[Entry]> = i.entries.iter().cloned().collect();
-        i.shared = Some(s.clone());
-        s
+    /// Every entry, oldest first (shared, not copied).
+    pub fn entries(&self) -> Arc<Vec<Entry>> {
+        lock(&self.inner).entries.clone()
     }
 }
 
@@ -210,7 +203,7 @@ mod tests {
         let h = History::new(64 * 1024, Duration::from_secs(86400));
         h.append(Entry::now("b", "GPU-1", "xid", "79", "fell off the bus"));
         let a = h.entries();
-        assert!(std::sync::Arc::ptr_eq(&a, &h.entries()), "no copy per read");
+        assert!(Arc::ptr_eq(&a, &h.entries()), "no copy per read");
         h.append(Entry::now("b", "GPU-1", "xid", "48", "DBE"));
         let b = h.entries();
         assert_eq!(
@@ -218,6 +211,15 @@ mod tests {
             ["79", "48"]
         );
         assert_eq!(a.len(), 1, "what was handed out stays as it was");
+        drop((a, b));
+        h.append(Entry::now("b", "GPU-1", "xid", "31", "MMU"));
+        let c = h.entries();
+        assert_eq!(c.len(), 3);
+        assert_eq!(
+            Arc::strong_count(&c),
+            2,
+            "one copy in memory: the history's, shared with the one reader"
+        );
     }
 
     #[test]
