@@ -31,6 +31,8 @@ commands:
                     section of BENCHMARKS.md
   bench --fabric    the NIC and PCIe polls alone; rewrites that section of BENCHMARKS.md
   bench --kmsg      the kernel-log benchmarks alone; rewrites that section of BENCHMARKS.md
+  bench --scale     the cost at 8 to 64 GPUs and 0 to 500 processes, checked for growing faster
+                    than either; rewrites that section of BENCHMARKS.md
   bench --dcgm      the dcgm-exporter compatibility page's cost per scrape beside /metrics; rewrites
                     that section of BENCHMARKS.md
   fuzz [--secs N] [--write]
@@ -63,6 +65,9 @@ fn main() -> Result<()> {
         }
         "bench" if rest.iter().any(|a| a == "--bmc") => bench::run_bmc(),
         "bench" if rest.iter().any(|a| a == "--otlp") => bench::run_otlp(),
+        "bench" if rest.iter().any(|a| a == "--scale") => {
+            bench::run_scale(rest.iter().any(|a| a == "--smoke"))
+        }
         "bench" if rest.iter().any(|a| a == "--fabric") => bench::run_fabric(),
         "bench" if rest.iter().any(|a| a == "--kmsg") => bench::run_kmsg(),
         "bench" if rest.iter().any(|a| a == "--dcgm") => {

@@ -17,6 +17,7 @@ mod dcgm;
 mod ebpf;
 mod fabric;
 mod kmsg;
+mod scale;
 mod soak;
 
 /// The row with every source a root agent runs by default (eBPF attribution, the kernel log,
@@ -113,6 +114,17 @@ pub fn run(smoke: bool) -> Result<()> {
     let ebpf = ebpf::run(&bin, smoke)?;
     let bmc = bmc::run(&bin, smoke, &dir)?;
     let fabric = fabric::run(&bin, smoke, &dir)?;
+    // How the cost grows with GPUs and processes (checked below).
+    let scaled = scale::run(
+        &bin,
+        &lib,
+        &dir,
+        if smoke {
+            window
+        } else {
+            Duration::from_secs(30)
+        },
+    )?;
     // The soak for a few minutes in the smoke run (`cargo xtask bench --soak MINUTES` for
     // the figures).
     let soaked = if smoke {
@@ -136,6 +148,14 @@ pub fn run(smoke: bool) -> Result<()> {
     if !fuzzed.is_empty() {
         report.push_str(&crate::fuzz::report(&fuzzed, fuzz_secs));
     }
+    report.push_str(&scale::report(
+        &scaled,
+        if smoke {
+            "cargo xtask bench --smoke"
+        } else {
+            "cargo xtask bench"
+        },
+    ));
     if !soaked.is_empty() {
         report.push_str(&soak::report(&soaked, "cargo xtask bench --smoke"));
     }
@@ -155,7 +175,7 @@ pub fn run(smoke: bool) -> Result<()> {
         // Leave the debug simulator in place for the tests.
         crate::nvml_sim()?;
     }
-    Ok(())
+    scale::check(&scaled)
 }
 
 /// The junction rows (NVML and the sinks, each for `window`); with `otlp_only`, the rows the
@@ -278,6 +298,35 @@ pub fn run_otlp() -> Result<()> {
     crate::nvml_sim()?;
     println!("wrote the OTLP section of BENCHMARKS.md");
     Ok(())
+}
+
+/// `cargo xtask bench --scale`: the scale rows (see `scale`), release build, 30 s each; that
+/// section of BENCHMARKS.md is replaced (or added), the rest kept. With `--smoke`: the debug
+/// build, 3 s each, nothing written.
+pub fn run_scale(smoke: bool) -> Result<()> {
+    let lib = nvml_sim_profile(!smoke)?;
+    let mut build = cargo();
+    build.args(["build", "--quiet", "-p", "junction", "--bins"]);
+    if !smoke {
+        build.arg("--release");
+    }
+    run_cmd(&mut build)?;
+    let bin = root()
+        .join("target")
+        .join(if smoke { "debug" } else { "release" })
+        .join("junction");
+    let dir = root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let window = Duration::from_secs(if smoke { 3 } else { 30 });
+    let rows = scale::run(&bin, &lib, &dir, window)?;
+    let section = scale::report(&rows, "cargo xtask bench --scale");
+    print!("{section}");
+    if !smoke {
+        replace_section("\n## Scale\n", &section)?;
+        crate::nvml_sim()?;
+        println!("wrote the scale section of BENCHMARKS.md");
+    }
+    scale::check(&rows)
 }
 
 /// Both soak runs (see `soak`), side by side.

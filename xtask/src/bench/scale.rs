@@ -1,0 +1,179 @@
+//! How Junction's cost grows with the node: GPUs (8, 16, 32, 64) and NVML processes (0, 100,
+//! 500 on 8 GPUs), NVML and the sinks only, every group at 1 s, scraped every second. Each
+//! row's node is written from the 8x H100 training scenario, made uniform (no GPU with an
+//! override of its own), so that a row differs from the next only in what is counted.
+//!
+//! The check ([`check`]) compares the rows of one run with each other, never with a time:
+//! the CPU each GPU adds between 32 and 64 GPUs may be at most [`GROWTH`] times what each
+//! added between 8 and 16 (a cost that grows with the square of the GPUs gives 5.3x), and
+//! likewise each process between 100 and 500 against each between 0 and 100.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+use super::{Measurement, measure, spawn_junction};
+use crate::{root, sim_config};
+
+/// How much more a GPU or a process may add at the large end than at the small one.
+pub const GROWTH: f64 = 2.0;
+
+/// What a marginal cost below this (ms per cycle per GPU or process) is compared as: the
+/// noise of one row's CPU on this machine, spread over the units it adds.
+const FLOOR_MS: f64 = 0.002;
+
+/// One row: GPUs, processes on the node, and what was measured.
+pub struct Row {
+    pub gpus: u32,
+    pub processes: u32,
+    pub m: Measurement,
+}
+
+/// The scenario of a uniform node with `gpus` GPUs and `processes` NVML processes (spread
+/// over the GPUs; `None` keeps the training node's two a GPU).
+fn scenario(dir: &Path, gpus: u32, processes: Option<u32>) -> Result<String> {
+    let base = root().join("tests/scenarios/h100-training.toml");
+    let mut text = format!(
+        "base = {:?}\ngpu_count = {gpus}\n",
+        base.display().to_string()
+    );
+    match processes {
+        None => text.push_str("gpus = []\n"),
+        Some(n) => {
+            text.push_str("gpus = [\n");
+            for g in 0..gpus {
+                // GPU g gets its share, the first n % gpus GPUs one more.
+                let share = n / gpus + u32::from(g < n % gpus);
+                let procs: Vec<String> = (0..share)
+                    .map(|k| {
+                        format!(
+                            "{{ pid = {}, name = \"python3\", kind = \"compute\", used_mib = 1024, sm_util = 10, mem_util = 5 }}",
+                            600_000 + g * 1000 + k
+                        )
+                    })
+                    .collect();
+                text.push_str(&format!("  {{ processes = [{}] }},\n", procs.join(", ")));
+            }
+            text.push_str("]\n");
+        }
+    }
+    let name = match processes {
+        None => format!("scale-{gpus}-gpus.toml"),
+        Some(n) => format!("scale-{gpus}-gpus-{n}-processes.toml"),
+    };
+    let path = dir.join(name);
+    std::fs::write(&path, text)?;
+    Ok(path.display().to_string())
+}
+
+/// Measures every row for `window`.
+pub fn run(bin: &Path, lib: &Path, dir: &Path, window: Duration) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let shapes: [(u32, Option<u32>); 7] = [
+        (8, None),
+        (16, None),
+        (32, None),
+        (64, None),
+        (8, Some(0)),
+        (8, Some(100)),
+        (8, Some(500)),
+    ];
+    for (n, (gpus, processes)) in shapes.into_iter().enumerate() {
+        let port = 19520 + n as u16;
+        let scenario = scenario(dir, gpus, processes)?;
+        let config = dir.join(format!("scale-{port}.toml"));
+        let mut text = sim_config(lib, &format!("127.0.0.1:{port}"), 1);
+        text.push_str("\n[sources.ebpf]\nenabled = false\n\n[sources.kmsg]\nenabled = false\n");
+        std::fs::write(&config, text)?;
+        let label = format!("{gpus} GPUs, {} processes", processes.unwrap_or(2 * gpus));
+        let child = spawn_junction(bin, &scenario, &config)?;
+        let mut m = measure(&label, child, port, window, true)?;
+        m.gpus = gpus;
+        rows.push(Row {
+            gpus,
+            processes: processes.unwrap_or(2 * gpus),
+            m,
+        });
+    }
+    Ok(rows)
+}
+
+/// CPU a unit adds between two rows, in ms per cycle (floored at [`FLOOR_MS`]).
+fn marginal(a: &Row, b: &Row, units: impl Fn(&Row) -> u32) -> f64 {
+    let d = f64::from(units(b).saturating_sub(units(a)).max(1));
+    ((b.m.cpu_ms_per_cycle() - a.m.cpu_ms_per_cycle()) / d).max(FLOOR_MS)
+}
+
+/// The GPU rows (8, 16, 32, 64) and the process rows (0, 100, 500), as [`run`] makes them.
+fn split(rows: &[Row]) -> (Vec<&Row>, Vec<&Row>) {
+    let gpu: Vec<&Row> = rows.iter().take(4).collect();
+    let proc: Vec<&Row> = rows.iter().skip(4).collect();
+    (gpu, proc)
+}
+
+/// Fails where a GPU or a process costs more than [`GROWTH`] times as much at the large end.
+pub fn check(rows: &[Row]) -> Result<()> {
+    let (gpu, proc) = split(rows);
+    if gpu.len() != 4 || proc.len() != 3 {
+        bail!("scale: expected 4 GPU rows and 3 process rows");
+    }
+    let small = marginal(gpu[0], gpu[1], |r| r.gpus);
+    let large = marginal(gpu[2], gpu[3], |r| r.gpus);
+    if large > GROWTH * small {
+        bail!(
+            "scale: a GPU adds {large:.3} ms per cycle between 32 and 64 GPUs against {small:.3} ms between 8 and 16 (more than {GROWTH}x): the cost grows faster than the GPUs"
+        );
+    }
+    let small = marginal(proc[0], proc[1], |r| r.processes);
+    let large = marginal(proc[1], proc[2], |r| r.processes);
+    if large > GROWTH * small {
+        bail!(
+            "scale: a process adds {large:.4} ms per cycle between 100 and 500 against {small:.4} ms between 0 and 100 (more than {GROWTH}x): the cost grows faster than the processes"
+        );
+    }
+    Ok(())
+}
+
+/// The BENCHMARKS.md section.
+pub fn report(rows: &[Row], command: &str) -> String {
+    let mut s = format!(
+        "\n## Scale\n\nProduced by `{command}`. NVML and the sinks only, every group at 1 s, \
+         `/metrics` scraped every second, {} s a row; the nodes are the 8x H100 training \
+         node made uniform, with 8 to 64 GPUs (two processes each), then 8 GPUs with 0, 100 \
+         and 500 processes in all. CPU as in the first table (a cpuacct cgroup). \"Added\" is \
+         the CPU per cycle each GPU or process adds over the row above; the check (`cargo \
+         xtask bench --smoke` runs it) fails where that, at the large end, is more than {GROWTH}x \
+         what it is at the small end.\n\n\
+         | GPUs | processes | CPU ms per cycle | CPU ms per GPU | added per GPU or process (ms) | series | peak RSS (MiB) |\n\
+         |---|---|---|---|---|---|---|\n",
+        rows.first().map_or(0, |r| r.m.window.as_secs())
+    );
+    let (gpu, proc) = split(rows);
+    for group in [&gpu, &proc] {
+        for (i, r) in group.iter().enumerate() {
+            let added = match i {
+                0 => "—".to_string(),
+                _ if group.len() == 4 => format!("{:.3}", marginal(group[i - 1], r, |r| r.gpus)),
+                _ => format!("{:.4}", marginal(group[i - 1], r, |r| r.processes)),
+            };
+            s.push_str(&format!(
+                "| {} | {} | {:.2} | {:.3} | {added} | {} | {:.1} |\n",
+                r.gpus,
+                r.processes,
+                r.m.cpu_ms_per_cycle(),
+                r.m.cpu_ms_per_cycle() / f64::from(r.gpus),
+                r.m.series,
+                r.m.peak_rss_kib as f64 / 1024.0
+            ));
+        }
+    }
+    s.push_str(&format!(
+        "\nCheck: {}.\n",
+        match check(rows) {
+            Ok(()) => "passed".to_string(),
+            Err(e) => format!("failed: {e}"),
+        }
+    ));
+    s
+}
