@@ -10,6 +10,7 @@ use crate::model::view::View;
 pub fn render(families: &View<'_>, out: &mut String) {
     let names = prometheus_names();
     let mut identities = Identities::default();
+    let mut keys = Keys::default();
     for (i, samples) in families.iter() {
         let d = &REGISTRY[i];
         let name = names[i].as_str();
@@ -21,10 +22,10 @@ pub fn render(families: &View<'_>, out: &mut String) {
             let mut first = true;
             let has_own_id = s.attrs.iter().any(|(k, _)| *k == "hw.id");
             if !id.is_empty() && !has_own_id {
-                write_label(out, &mut first, "hw.id", id);
+                write_label(out, &mut first, keys.get("hw.id"), id);
             }
             for (k, v) in &s.attrs {
-                write_label(out, &mut first, k, v);
+                write_label(out, &mut first, keys.get(k), v);
             }
             let extra = families.extra(i, id, s);
             if !extra.is_empty() {
@@ -33,11 +34,11 @@ pub fn render(families: &View<'_>, out: &mut String) {
                     if !first {
                         out.push(',');
                     }
-                    out.push_str(identities.get(extra));
+                    out.push_str(identities.get(extra, &mut keys));
                 } else {
                     for (k, v) in extra {
                         if s.attr(k).is_none() {
-                            write_label(out, &mut first, k, v);
+                            write_label(out, &mut first, keys.get(k), v);
                         }
                     }
                 }
@@ -58,7 +59,7 @@ struct Identities {
 }
 
 impl Identities {
-    fn get(&mut self, attrs: &[(&'static str, crate::model::AttrValue)]) -> &str {
+    fn get(&mut self, attrs: &[(&'static str, crate::model::AttrValue)], keys: &mut Keys) -> &str {
         let key = attrs.as_ptr() as usize;
         let at = match self.rendered.get(self.last) {
             Some((k, _)) if *k == key => self.last,
@@ -68,7 +69,7 @@ impl Identities {
                     let mut text = String::new();
                     let mut first = true;
                     for (k, v) in attrs {
-                        write_label(&mut text, &mut first, k, v);
+                        write_label(&mut text, &mut first, keys.get(k), v);
                     }
                     self.rendered.push((key, text));
                     self.rendered.len() - 1
@@ -80,29 +81,73 @@ impl Identities {
     }
 }
 
-fn write_label(out: &mut String, first: &mut bool, key: &str, value: &str) {
+/// Attribute keys as Prometheus label names ('.' and '-' become '_'), mapped once a render:
+/// the keys are the registry's and the sources' constants, a few dozen, each on thousands of
+/// series.
+struct Keys {
+    /// (address, length) of a key, and its label name.
+    mapped: Vec<(usize, usize, String)>,
+    /// Direct-mapped index into `mapped` by the key's address (0: empty; else index + 1).
+    slots: [u16; 256],
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Self {
+            mapped: Vec::new(),
+            slots: [0; 256],
+        }
+    }
+}
+
+impl Keys {
+    fn get(&mut self, key: &str) -> &str {
+        let id = (key.as_ptr() as usize, key.len());
+        let slot = (id.0 ^ id.1).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56;
+        let hit = match self.slots[slot] {
+            0 => None,
+            n => Some(usize::from(n) - 1).filter(|&i| (self.mapped[i].0, self.mapped[i].1) == id),
+        };
+        let at = match hit {
+            Some(i) => i,
+            None => {
+                let i = match self.mapped.iter().position(|(p, l, _)| (*p, *l) == id) {
+                    Some(i) => i,
+                    None => {
+                        self.mapped.push((id.0, id.1, key.replace(['.', '-'], "_")));
+                        self.mapped.len() - 1
+                    }
+                };
+                if self.slots[slot] == 0 {
+                    self.slots[slot] = u16::try_from(i + 1).unwrap_or(0);
+                }
+                i
+            }
+        };
+        &self.mapped[at].2
+    }
+}
+
+/// Writes `name="value"` (after a comma unless first); `name` is already a label name.
+fn write_label(out: &mut String, first: &mut bool, name: &str, value: &str) {
     if !*first {
         out.push(',');
     }
     *first = false;
-    // Attribute keys are ASCII identifiers with dots: map '.' and '-' to '_' in place.
-    out.extend(
-        key.chars()
-            .map(|c| if c == '.' || c == '-' { '_' } else { c }),
-    );
+    out.push_str(name);
     out.push_str("=\"");
-    if value.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
-        for c in value.chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '"' => out.push_str("\\\""),
-                '\n' => out.push_str("\\n"),
-                c => out.push(c),
-            }
-        }
-    } else {
-        out.push_str(value);
+    // The matched bytes are ASCII, so each cut is at a character boundary.
+    let mut rest = value;
+    while let Some(i) = memchr::memchr3(b'\\', b'"', b'\n', rest.as_bytes()) {
+        out.push_str(&rest[..i]);
+        out.push_str(match rest.as_bytes()[i] {
+            b'\\' => "\\\\",
+            b'"' => "\\\"",
+            _ => "\\n",
+        });
+        rest = &rest[i + 1..];
     }
+    out.push_str(rest);
     out.push('"');
 }
 
@@ -142,7 +187,7 @@ fn write_value(out: &mut String, v: f64) {
     } else if v.is_infinite() {
         out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
     } else if v.fract() == 0.0 && v.abs() < 9.007_199_254_740_992e15 {
-        let _ = write!(out, "{}", v as i64);
+        out.push_str(itoa::Buffer::new().format(v as i64));
     } else if v.abs() < 1e-4 || v.abs() >= 1e21 {
         // Shortest round-trip digits with an exponent, as Go's strconv 'g' writes them; `{}`
         // would spell 3.8e-322 with 320 zeros.
@@ -177,6 +222,31 @@ mod tests {
         for v in [3.8e-322, 0.1 + 0.2, 1e-7, 123.456] {
             assert_eq!(w(v).parse::<f64>().ok(), Some(v), "round trip of {v}");
         }
+    }
+
+    #[test]
+    fn label_keys_are_mapped_and_values_escaped() {
+        let mut keys = Keys::default();
+        let mut label = |k: &str, v: &str| {
+            let mut s = String::new();
+            let mut first = true;
+            write_label(&mut s, &mut first, keys.get(k), v);
+            s
+        };
+        assert_eq!(label("hw.id", "GPU-1"), r#"hw_id="GPU-1""#);
+        assert_eq!(label("k8s.pod-name.x", ""), r#"k8s_pod_name_x="""#);
+        assert_eq!(label("plain", "plain"), r#"plain="plain""#);
+        assert_eq!(
+            label("hw.id", "again"),
+            r#"hw_id="again""#,
+            "a key seen before"
+        );
+        assert_eq!(label("a", "x\\y\"z\nw\"\""), r#"a="x\\y\"z\nw\"\"""#);
+        assert_eq!(label("a", "\"ünï\\cödé\n"), r#"a="\"ünï\\cödé\n""#);
+        let mut s = String::from("x");
+        let mut first = false;
+        write_label(&mut s, &mut first, "b", "1");
+        assert_eq!(s, r#"x,b="1""#);
     }
 
     #[test]
