@@ -300,10 +300,9 @@ pub fn run_otlp() -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask bench --scale`: the scale rows (see `scale`), release build, 30 s each; that
-/// section of BENCHMARKS.md is replaced (or added), the rest kept. With `--smoke`: the debug
-/// build, 3 s each, nothing written.
-pub fn run_scale(smoke: bool) -> Result<()> {
+/// The simulator and `junction` for a section's own command: the debug builds with `smoke`,
+/// else the release ones. Returns (simulator library, binary).
+fn build_junction(smoke: bool) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
     let lib = nvml_sim_profile(!smoke)?;
     let mut build = cargo();
     build.args(["build", "--quiet", "-p", "junction", "--bins"]);
@@ -311,10 +310,15 @@ pub fn run_scale(smoke: bool) -> Result<()> {
         build.arg("--release");
     }
     run_cmd(&mut build)?;
-    let bin = root()
-        .join("target")
-        .join(if smoke { "debug" } else { "release" })
-        .join("junction");
+    let profile = if smoke { "debug" } else { "release" };
+    Ok((lib, root().join("target").join(profile).join("junction")))
+}
+
+/// `cargo xtask bench --scale`: the scale rows (see `scale`), release build, 30 s each; that
+/// section of BENCHMARKS.md is replaced (or added), the rest kept. With `--smoke`: the debug
+/// build, 3 s each, nothing written.
+pub fn run_scale(smoke: bool) -> Result<()> {
+    let (lib, bin) = build_junction(smoke)?;
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let window = Duration::from_secs(if smoke { 3 } else { 30 });
@@ -427,15 +431,7 @@ pub fn run_fabric() -> Result<()> {
 /// section of BENCHMARKS.md is replaced (or added), the rest kept. With `--smoke`: the debug
 /// build for a few seconds, nothing written.
 pub fn run_dcgm(smoke: bool) -> Result<()> {
-    let lib = nvml_sim_profile(!smoke)?;
-    let mut build = cargo();
-    build.args(["build", "--quiet", "-p", "junction", "--bins"]);
-    if !smoke {
-        build.arg("--release");
-    }
-    run_cmd(&mut build)?;
-    let profile = if smoke { "debug" } else { "release" };
-    let bin = root().join("target").join(profile).join("junction");
+    let (lib, bin) = build_junction(smoke)?;
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let window = Duration::from_secs(if smoke { 3 } else { 60 });
