@@ -5,7 +5,7 @@
 //!
 //! The check ([`check`]) compares the rows of one run with each other, never with a time:
 //! the CPU each GPU adds between 32 and 64 GPUs may be at most [`GROWTH`] times what each
-//! added between 8 and 16 (a cost that grows with the square of the GPUs gives 5.3x), and
+//! added between 8 and 16 (a cost that grows with the square of the GPUs gives 4x), and
 //! likewise each process between 100 and 500 against each between 0 and 100.
 
 use std::path::Path;

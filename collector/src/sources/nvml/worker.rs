@@ -129,8 +129,7 @@ impl<'n> Ctx<'n> {
         }
         match r {
             Ok(v) => {
-                // (Empty on most cycles: a lookup per call costs more than the call's tracking.)
-                if !self.reprobing.is_empty() && self.reprobing.remove(&feature) {
+                if self.reprobing.remove(&feature) {
                     tracing::info!(gpu = %self.uuid, feature = %feature, "NVML feature available again");
                 }
                 Ok(Some(v))
