@@ -212,8 +212,14 @@ mod tests {
         );
         assert_eq!(a.len(), 1, "what was handed out stays as it was");
         drop((a, b));
+        let held = Arc::as_ptr(&h.entries());
         h.append(Entry::now("b", "GPU-1", "xid", "31", "MMU"));
         let c = h.entries();
+        assert_eq!(
+            Arc::as_ptr(&c),
+            held,
+            "changed in place, not copied, while no reader holds it"
+        );
         assert_eq!(c.len(), 3);
         assert_eq!(
             Arc::strong_count(&c),
