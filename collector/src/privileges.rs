@@ -3,7 +3,8 @@
 //! uses and sets `no_new_privs`.
 //!
 //! Kept: `CAP_SYS_PTRACE` (reading `/proc/PID/exe` of other users' processes for their names)
-//! and `CAP_DAC_READ_SEARCH` (their `/proc` entries and cgroup files). Everything else — CAP_BPF,
+//! and `CAP_DAC_READ_SEARCH` (their `/proc` entries and cgroup files, and a cgroup opened by
+//! its id's file handle for a process that ended before it was named). Everything else — CAP_BPF,
 //! CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYSLOG, CAP_NET_ADMIN, … — is dropped from the effective,
 //! permitted, inheritable, ambient and bounding sets. Open file descriptors (the BPF maps, the
 //! kernel log, NVML's device files) keep working without them.

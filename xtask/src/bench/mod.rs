@@ -766,8 +766,10 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
          `prometheus::encode::render` of the same state; taking and grouping the snapshot, about\n\
          1.0 M, is the same for both. The rest of an export is gzip and the HTTP client (reqwest's\n\
          blocking client, which hands each request to a runtime thread of its own).\n\n\
-         | GPUs | compression | bytes per export | data points | bytes per point | bytes per GPU per export | CPU ms per export | `/metrics` bytes | CPU ms per scrape |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+         The last two columns are the whole agent's (collection and export): its CPU in percent of\n\
+         one core and its peak RSS (`VmHWM`).\n\n\
+         | GPUs | compression | bytes per export | data points | bytes per point | bytes per GPU per export | CPU ms per export | `/metrics` bytes | CPU ms per scrape | % of one core | peak RSS (MiB) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for m in results {
         let Some((requests, bytes)) = m.otlp else {
@@ -781,7 +783,7 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
         };
         let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {} | {:.2} | {:.0} | {} | {} | {} |\n",
+            "| {} | {} | {:.0} | {} | {:.2} | {:.0} | {} | {} | {} | {:.2} | {:.1} |\n",
             m.gpus,
             if m.label.contains("gzip") {
                 "gzip"
@@ -795,6 +797,8 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
             fmt(cpu_export),
             scraped(m.gpus).map_or(0, |s| s.scrape_bytes),
             fmt(cpu_scrape),
+            m.core_percent(),
+            m.peak_rss_kib as f64 / 1024.0,
         ));
     }
     out.replace("COMMAND", command) + CAVEAT

@@ -1,4 +1,6 @@
-//! Events as OTLP log records, sent as they happen. The queue is the model's event log read
+//! Events as OTLP log records, sent as they happen: a request carries what arrived within
+//! [`LINGER`] of the first of them (a burst, or processes ending ten a second, is one
+//! request, not one each). The queue is the model's event log read
 //! through this sink's own cursor: the cursor moves only once the receiver has accepted a
 //! batch, so events emitted while it is down are delivered once when it is back. Past
 //! `max_queued_events` (or the log's capacity) the oldest are dropped and counted.
@@ -22,6 +24,8 @@ use crate::model::events::{Event, Severity};
 
 /// Records per request at most.
 const BATCH: usize = 512;
+/// How long the first pending event waits for others to join its request.
+const LINGER: Duration = Duration::from_millis(250);
 /// Retry waits: from this, doubling, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -82,6 +86,8 @@ fn run(
         .build();
     let mut cursor = 0u64;
     let mut backoff: Option<(Instant, Duration)> = None;
+    // When the oldest event not yet sent was first seen.
+    let mut pending_since: Option<Instant> = None;
     loop {
         let stop = stopping.load(Ordering::Relaxed);
         let head = model.events.head();
@@ -97,7 +103,13 @@ fn run(
             if stop {
                 return;
             }
+            pending_since = None;
             model.events.wait(cursor, Duration::from_secs(1));
+            continue;
+        }
+        let since = *pending_since.get_or_insert_with(Instant::now);
+        if !stop && head - cursor < BATCH as u64 && since.elapsed() < LINGER {
+            std::thread::sleep(LINGER.saturating_sub(since.elapsed()));
             continue;
         }
         if let Some((until, _)) = backoff
@@ -126,6 +138,7 @@ fn run(
             Outcome::Ok => {
                 cursor = batch.next;
                 backoff = None;
+                pending_since = None;
             }
             Outcome::Rejected(_) => {
                 // Not retried: these events are lost, and counted.

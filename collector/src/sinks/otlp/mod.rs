@@ -51,7 +51,8 @@ config_section! {
         /// then 10000.
         pub timeout_ms: u64 = 0,
         /// Seconds between metric exports. 0: OTEL_METRIC_EXPORT_INTERVAL (ms), then 15.
-        /// Events are sent as they happen, not at this interval.
+        /// Events are sent as they happen (what arrives within 250 ms of the first goes in one
+        /// request), not at this interval.
         pub interval_secs: u64 = 0,
         /// "cumulative" or "delta" (counters only; most backends want cumulative). Empty:
         /// OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, then "cumulative".

@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use prost::encoding::{encode_varint, encoded_len_varint};
+use prost::encoding::encoded_len_varint;
 
 use crate::model::registry::Kind;
 use crate::model::view::View;
@@ -44,6 +44,18 @@ fn vlen(n: usize) -> usize {
 /// Bytes of a length-delimited field (every field here has a one-byte key) of `n` bytes.
 fn field(n: usize) -> usize {
     1 + vlen(n) + n
+}
+
+/// A varint. Here nearly every one is a length or a key of one or two bytes; written inline
+/// it costs a few instructions, where prost's `encode_varint` (generic over `BufMut`, not
+/// inlined) was a call of about 26 (callgrind: 5.1 M of the 64-GPU request's 23.7 M).
+#[inline]
+fn encode_varint(mut v: u64, buf: &mut Vec<u8>) {
+    while v >= 0x80 {
+        buf.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
 }
 
 fn key(buf: &mut Vec<u8>, number: u8, wire: u8) {
