@@ -1,24 +1,45 @@
-//! glibc's allocator, set for a daemon that runs for months.
+//! The allocators, set for a daemon that runs for months.
 //!
-//! - [`tune`], at start: at most two arenas (by default glibc makes up to eight per core, one
-//!   per thread that allocates at once, and each keeps its own free pages), and blocks of
-//!   128 KiB or more always mapped on their own (by default the threshold rises to the
-//!   largest block freed, after which the scrape's and the exports' large buffers are carved
-//!   from the arenas and fragment them). On the soak's 8-GPU node RSS after the warm-up was
-//!   4 to 8 MiB lower with both (`cargo xtask bench --soak`). `MALLOC_ARENA_MAX` /
-//!   `MALLOC_MMAP_THRESHOLD_` in the environment win.
-//! - [`release`], every [`RELEASE_EVERY`]: `malloc_trim(0)` hands the whole free pages inside
-//!   the arenas back to the kernel. glibc returns only the top of an arena by itself, so the
-//!   pages freed when processes end (their names, cgroups, series) otherwise stay resident
-//!   between the arenas' live blocks, and RSS creeps up as processes come and go although the
-//!   live heap does not.
+//! Junction's own heap is jemalloc (the binary's `#[global_allocator]`). Under glibc's
+//! allocator the soak's live heap stayed flat after the warm-up (heaptrack, BENCHMARKS.md
+//! "Soak heap profile") while RSS kept rising, 0.7 to 1.7 MiB an hour: `/proc/PID/smaps`
+//! put the growth in the arenas themselves (the main `[heap]` grew from 7.0 to 7.8 MiB in
+//! five minutes with 100 processes alive and churned, at the same live heap), so the live
+//! blocks spread over more and more pages as processes came and went. jemalloc keeps each
+//! slab to one size class, so a freed block is reused by the next of its size, and a page
+//! with nothing live in it goes back to the kernel after [`JEMALLOC_CONF`]'s decay.
+//!
+//! - [`JEMALLOC_CONF`]: two arenas (jemalloc's default is four per CPU, each holding its
+//!   own partly used slabs; a GPU node has a hundred CPUs and more), and unused dirty pages
+//!   returned after a second instead of ten.
+//! - [`release`], every [`RELEASE_EVERY`]: every arena's unused pages are returned now
+//!   (`arena.<all>.purge`), whichever thread freed them, then `malloc_trim(0)` does the
+//!   same for glibc's arenas.
+//! - glibc still serves the C code in the process (the NVML library's own allocations).
+//!   [`tune`], at start: at most two arenas (by default glibc makes up to eight per core),
+//!   and blocks of 128 KiB or more always mapped on their own. `MALLOC_ARENA_MAX` /
+//!   `MALLOC_MMAP_THRESHOLD_` in the environment win, as `_RJEM_MALLOC_CONF` adds to
+//!   jemalloc's options.
 
 use std::time::Duration;
 
 /// How often [`release`] runs.
 pub const RELEASE_EVERY: Duration = Duration::from_secs(30);
 
-/// Sets the arena count and the mmap threshold (before any other thread starts).
+/// jemalloc's options (the binary exports them as `malloc_conf`), NUL-terminated.
+pub const JEMALLOC_CONF: &std::ffi::CStr = c"narenas:2,dirty_decay_ms:1000";
+
+/// A C string pointer as jemalloc reads `malloc_conf`: `const char *`.
+#[repr(transparent)]
+pub struct ConfPtr(pub *const std::ffi::c_char);
+
+// SAFETY: it points at a `'static` constant that nothing writes.
+unsafe impl Sync for ConfPtr {}
+
+/// `MALLCTL_ARENAS_ALL`: the mallctl index of every arena.
+const ARENAS_ALL: &[u8] = b"arena.4096.purge\0";
+
+/// Sets glibc's arena count and mmap threshold (before any other thread starts).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn tune() {
     let set = |var: &str| std::env::var_os(var).is_some();
@@ -33,19 +54,26 @@ pub fn tune() {
     }
 }
 
-/// Hands free pages back to the kernel; true when glibc released any.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub fn release() -> bool {
-    // SAFETY: malloc_trim takes each arena's lock itself; it frees nothing in use.
-    unsafe { libc::malloc_trim(0) == 1 }
-}
-
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn tune() {}
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn release() -> bool {
-    false
+/// Hands the unused pages of both allocators back to the kernel.
+pub fn release() {
+    // SAFETY: a NUL-terminated name; the purge takes no value and returns none.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            ARENAS_ALL.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes each arena's lock itself; it frees nothing in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Runs [`release`] every [`RELEASE_EVERY`] until `stop`.
@@ -59,8 +87,10 @@ pub async fn release_periodically(stop: crate::shutdown::Shutdown) {
     }
 }
 
-#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
+    use std::alloc::{GlobalAlloc as _, Layout};
+
     /// Resident bytes, from /proc/self/statm (nextest runs each test in a process of its own).
     fn resident() -> u64 {
         let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
@@ -73,16 +103,60 @@ mod tests {
         pages * 4096
     }
 
+    const BLOCK: usize = 1024;
+    const BLOCKS: usize = 16 * 1024;
+
     #[test]
-    fn free_pages_between_live_blocks_go_back_to_the_kernel() {
-        // 16 MiB of small blocks, all freed but the last: glibc keeps their pages (the live
-        // block holds the arena's top above them); only a trim hands them back.
-        let mut blocks: Vec<Box<[u8; 1024]>> =
-            (0..16 * 1024).map(|_| Box::new([1u8; 1024])).collect();
+    fn pages_another_thread_freed_go_back_to_the_kernel() {
+        // As a source's thread does: 16 MiB of small blocks from jemalloc (the agent's
+        // allocator; this test binary's global one is the system's), all freed but the
+        // last, then the thread idles. jemalloc keeps the pages until their decay; the
+        // release hands them back at once.
+        let (done, idle) = std::sync::mpsc::channel::<()>();
+        let (freed, wait) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let a = tikv_jemallocator::Jemalloc;
+            let layout = Layout::from_size_align(BLOCK, 8).expect("layout");
+            let mut blocks = Vec::with_capacity(BLOCKS);
+            for i in 0..BLOCKS {
+                // SAFETY: a non-zero layout; every block is written, then freed once.
+                let p = unsafe { a.alloc(layout) };
+                assert!(!p.is_null());
+                unsafe { p.write_bytes(i as u8, BLOCK) };
+                blocks.push(p as usize);
+            }
+            let last = blocks.pop().expect("blocks");
+            for p in blocks {
+                unsafe { a.dealloc(p as *mut u8, layout) };
+            }
+            freed.send(()).expect("main waits");
+            let _ = idle.recv();
+            unsafe { a.dealloc(last as *mut u8, layout) };
+        });
+        wait.recv().expect("the thread freed its blocks");
+        let before = resident();
+        super::release();
+        let after = resident();
+        drop(done);
+        thread.join().expect("thread");
+        assert!(
+            before.saturating_sub(after) >= 8 << 20,
+            "RSS {before} -> {after} bytes: the freed 16 MiB stayed resident"
+        );
+    }
+
+    #[cfg(target_env = "gnu")]
+    #[test]
+    fn glibc_free_pages_between_live_blocks_go_back_to_the_kernel() {
+        // The same through glibc (this test binary's global allocator, and the C code's in
+        // the agent): it keeps the pages below a live block (the arena's top above them);
+        // only a trim hands them back.
+        let mut blocks: Vec<Box<[u8; BLOCK]>> =
+            (0..BLOCKS).map(|_| Box::new([1u8; BLOCK])).collect();
         let last = blocks.pop();
         drop(blocks);
         let before = resident();
-        assert!(super::release(), "malloc_trim released nothing");
+        super::release();
         let after = resident();
         assert!(
             before.saturating_sub(after) >= 8 << 20,

@@ -103,6 +103,16 @@ fn init_logging(filter: &str) {
         .init();
 }
 
+/// jemalloc, for a daemon that runs for months: see `junction::allocator`.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read before `main`; `_RJEM_MALLOC_CONF` in the environment adds to
+/// them.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static MALLOC_CONF: junction::allocator::ConfPtr =
+    junction::allocator::ConfPtr(junction::allocator::JEMALLOC_CONF.as_ptr());
+
 fn main() -> ExitCode {
     junction::allocator::tune();
     let args = Args::parse();

@@ -9,7 +9,7 @@
 
 mod cgroup;
 
-pub use cgroup::{CgroupIds, cgroup_of, cgroup_path_by_id, parse_cgroup_path};
+pub use cgroup::{CgroupIds, cgroup_of, cgroup_path_by_id, cgroup2_root, parse_cgroup_path};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

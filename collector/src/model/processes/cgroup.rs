@@ -217,6 +217,40 @@ pub fn cgroup_path_by_id(root: &Path, id: u64, limit: usize) -> Option<String> {
     }
 }
 
+/// Where the cgroup v2 hierarchy is mounted, from `/proc/self/mountinfo`: `/sys/fs/cgroup`
+/// on a unified host, `/sys/fs/cgroup/unified` on a hybrid one (there `/sys/fs/cgroup` is a
+/// tmpfs of v1 hierarchies, whose inode numbers are no BPF cgroup id).
+pub fn cgroup2_root() -> Option<std::path::PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        if right.split(' ').next() != Some("cgroup2") {
+            return None;
+        }
+        left.split(' ').nth(4).map(|m| unescape_mount(m).into())
+    })
+}
+
+/// A mountinfo path with its octal escapes (`\040` for a space) undone.
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 enum Handle {
     Found(String),
     /// The kernel resolves ids here and has no such cgroup (removed, or outside `root`).
@@ -328,6 +362,14 @@ mod by_id_tests {
     use std::path::Path;
 
     #[test]
+    fn mount_points_are_unescaped() {
+        assert_eq!(super::unescape_mount("/sys/fs/cgroup"), "/sys/fs/cgroup");
+        assert_eq!(super::unescape_mount("/mnt/a\\040b"), "/mnt/a b");
+        assert_eq!(super::unescape_mount("/x\\"), "/x\\");
+        assert_eq!(super::unescape_mount("/x\\09"), "/x\\09");
+    }
+
+    #[test]
     fn an_id_is_found_by_walking_where_handles_do_not_work() {
         let dir = std::env::temp_dir().join(format!("junction-cg-walk-{}", std::process::id()));
         let leaf = dir.join("kubepods.slice/pod-a/cri-b");
@@ -347,17 +389,22 @@ mod by_id_tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_cgroup_id_resolves_through_its_file_handle_on_the_real_hierarchy() {
-        let root = Path::new("/sys/fs/cgroup");
-        let cgroup2 = std::fs::File::open(root).is_ok_and(|f| super::is_cgroup2(&f));
+        let root = super::cgroup2_root();
         // SAFETY: geteuid has no preconditions.
-        if !cgroup2 || unsafe { libc::geteuid() } != 0 {
+        let Some(root) = root.filter(|_| unsafe { libc::geteuid() } == 0) else {
             assert!(
                 std::env::var_os("CI").is_none(),
-                "CI runs this as root on a cgroup2 host"
+                "CI runs this as root on a host with a cgroup2 hierarchy"
             );
-            eprintln!("skipped: needs root and a cgroup2 /sys/fs/cgroup");
+            eprintln!("skipped: needs root and a cgroup2 hierarchy");
             return;
-        }
+        };
+        let root = root.as_path();
+        assert!(
+            std::fs::File::open(root).is_ok_and(|f| super::is_cgroup2(&f)),
+            "{} is the cgroup2 mount",
+            root.display()
+        );
         let name = format!("junction-cg-handle-{}", std::process::id());
         let dir = root.join(&name);
         std::fs::create_dir(&dir).expect("mkdir a cgroup");

@@ -17,7 +17,7 @@ use super::EbpfConfig;
 use super::loader::Loaded;
 use super::tracker::{Note, Tracker};
 use crate::model::events::{NewEvent, Severity};
-use crate::model::processes::{Hint, ProcessInfo, cgroup_path_by_id};
+use crate::model::processes::{Hint, ProcessInfo, cgroup_path_by_id, cgroup2_root};
 use crate::model::{Metric, Model, Sample};
 use crate::shutdown::Shutdown;
 
@@ -88,6 +88,8 @@ struct Drain<'a> {
     tracker: Tracker,
     names: DeviceNames,
     cgroup_paths: StdHashMap<u64, Option<String>>,
+    /// The cgroup v2 hierarchy, where BPF cgroup ids are looked up.
+    cgroup_root: std::path::PathBuf,
     notes: Vec<Note>,
     /// Processes already looked up in `/proc` (done as soon as they are seen, while they
     /// most likely still run).
@@ -119,6 +121,7 @@ pub fn run(mut loaded: Loaded, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &
             watched: loaded.watched.clone(),
         },
         cgroup_paths: StdHashMap::new(),
+        cgroup_root: cgroup2_root().unwrap_or_else(|| CGROUP_ROOT.into()),
         notes: Vec::new(),
         identified: std::collections::HashSet::new(),
         records: 0,
@@ -176,7 +179,7 @@ impl Drain<'_> {
         }
         self.cgroup_paths
             .entry(id)
-            .or_insert_with(|| cgroup_path_by_id(Path::new(CGROUP_ROOT), id, 50_000))
+            .or_insert_with(|| cgroup_path_by_id(&self.cgroup_root, id, 50_000))
             .clone()
     }
 

@@ -96,6 +96,29 @@ fn key_value(buf: &mut Vec<u8>, number: u8, k: &str, v: &str) {
     string(buf, 1, v);
 }
 
+/// Whether a sample on GPU `gpu` carries `hw.id = gpu` (first): it has a GPU and no `hw.id`
+/// of its own.
+fn takes_hw_id(gpu: &str, s: &Sample) -> bool {
+    !gpu.is_empty() && s.attr("hw.id").is_none()
+}
+
+/// The attributes of a sample of metric `i` on GPU `gpu` after `hw.id`: its own, then the
+/// GPU's identity where the metric takes it.
+fn attributes_after_hw_id<'a>(
+    view: &View<'a>,
+    i: usize,
+    gpu: &'a str,
+    s: &'a Sample,
+) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+    let extra = view.extra(i, gpu, s);
+    s.attrs.iter().map(|(k, v)| (*k, v.as_ref())).chain(
+        extra
+            .iter()
+            .filter(move |(k, _)| s.attr(k).is_none())
+            .map(|(k, v)| (*k, v.as_ref())),
+    )
+}
+
 /// The attributes of a sample of metric `i` on GPU `gpu`, in the order both sinks use.
 fn attributes<'a>(
     view: &View<'a>,
@@ -103,17 +126,53 @@ fn attributes<'a>(
     gpu: &'a str,
     s: &'a Sample,
 ) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
-    let own_id = s.attr("hw.id").is_some();
-    let hw = (!own_id && !gpu.is_empty()).then_some(("hw.id", gpu));
-    let extra = view.extra(i, gpu, s);
+    let hw = takes_hw_id(gpu, s).then_some(("hw.id", gpu));
     hw.into_iter()
-        .chain(s.attrs.iter().map(|(k, v)| (*k, v.as_ref())))
-        .chain(
-            extra
-                .iter()
-                .filter(move |(k, _)| s.attr(k).is_none())
-                .map(|(k, v)| (*k, v.as_ref())),
-        )
+        .chain(attributes_after_hw_id(view, i, gpu, s))
+}
+
+/// Slots of [`HwIds`].
+const HW_SLOTS: usize = 128;
+
+/// The `KeyValue` `hw.id = GPU` as written, per GPU: nearly every point carries one (16 576
+/// of the 64-GPU node's 16 591), the same bytes for every point of a GPU, so each is
+/// written once per export and copied after. Direct-mapped on the address of the view's
+/// GPU string, which stays put for one export; emptied before the next.
+struct HwIds {
+    /// Per slot: the string's address and length, and where its bytes are in `bytes`.
+    slots: [(usize, usize, usize, usize); HW_SLOTS],
+    bytes: Vec<u8>,
+}
+
+impl HwIds {
+    fn new() -> Self {
+        Self {
+            slots: [(0, 0, 0, 0); HW_SLOTS],
+            bytes: Vec::new(),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.slots = [(0, 0, 0, 0); HW_SLOTS];
+        self.bytes.clear();
+    }
+
+    /// Appends `hw.id = gpu` as field 7 of a `NumberDataPoint` to `buf`.
+    fn write(&mut self, buf: &mut Vec<u8>, gpu: &str) {
+        let at = gpu.as_ptr() as usize;
+        // Fibonacci hashing of the address: its top 7 bits.
+        let slot = (at.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (usize::BITS - 7)) % HW_SLOTS;
+        let (a, n, from, to) = self.slots[slot];
+        if a == at && n == gpu.len() {
+            buf.extend_from_slice(&self.bytes[from..to]);
+            return;
+        }
+        let from = self.bytes.len();
+        key_value(&mut self.bytes, 7, "hw.id", gpu);
+        let to = self.bytes.len();
+        self.slots[slot] = (at, gpu.len(), from, to);
+        buf.extend_from_slice(&self.bytes[from..to]);
+    }
 }
 
 /// A `NumberDataPoint`'s bytes: its attributes, the start time (when set), the time and
@@ -149,6 +208,8 @@ pub struct Encoder {
     metrics: Vec<(usize, usize)>,
     /// Per point: its bytes (0: left out).
     points: Vec<usize>,
+    /// Each GPU's `hw.id` attribute, written once per export.
+    hw_ids: HwIds,
     buf: Vec<u8>,
 }
 
@@ -164,6 +225,7 @@ impl Encoder {
             generation: 0,
             metrics: Vec::new(),
             points: Vec::new(),
+            hw_ids: HwIds::new(),
             buf: Vec::new(),
         }
     }
@@ -187,6 +249,7 @@ impl Encoder {
     /// bytes stay valid until the next call.
     pub fn encode(&mut self, view: &View<'_>, now_ns: u64) -> (&[u8], usize) {
         self.generation += 1;
+        self.hw_ids.clear();
         self.metrics.clear();
         self.points.clear();
         // Pass 1: lengths.
@@ -275,7 +338,10 @@ impl Encoder {
                     s.value
                 };
                 len(&mut buf, 1, n);
-                for (k, v) in attributes(view, i, gpu, s) {
+                if takes_hw_id(gpu, s) {
+                    self.hw_ids.write(&mut buf, gpu);
+                }
+                for (k, v) in attributes_after_hw_id(view, i, gpu, s) {
                     key_value(&mut buf, 7, k, v);
                 }
                 if start > 0 {
