@@ -3,7 +3,6 @@
 
 use std::collections::HashMap as StdHashMap;
 use std::os::fd::AsRawFd;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
