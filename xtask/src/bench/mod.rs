@@ -760,12 +760,15 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
          export is the row's CPU less the collection-only row's, per second (one export a\n\
          second); CPU per scrape likewise from the scraped row. An export writes the protobuf\n\
          request straight from the model's snapshot into a buffer kept across exports, as\n\
-         `/metrics` writes its text, then gzips it (flate2 over zlib-rs, level 2) and sends it.\n\
-         Where its instructions go (callgrind, `junction once --format otlp` on the 8-GPU node,\n\
-         the request written once): `Encoder::encode` 2.70 M instructions, against 4.93 M for\n\
-         `prometheus::encode::render` of the same state; taking and grouping the snapshot, about\n\
-         1.0 M, is the same for both. The rest of an export is gzip and the HTTP client (reqwest's\n\
-         blocking client, which hands each request to a runtime thread of its own).\n\n\
+         `/metrics` writes its text, then gzips it (flate2 over zlib-rs, level 2, one compressor\n\
+         reset for each export) and sends it. Where its instructions go (callgrind, `junction once\n\
+         --format otlp` and `--format prometheus`, the request or page written once):\n\
+         `Encoder::encode` 2.16 M instructions on the 8-GPU node and 18.9 M on the 64-GPU one,\n\
+         against 2.76 M and 19.1 M for `prometheus::encode::render` of the same state; taking and\n\
+         grouping the snapshot is the same for both. The rest of an export is gzip (zlib-rs at\n\
+         level 2: 1.7 ms for the 64-GPU request on this machine, where flate2's default\n\
+         miniz_oxide took 4.6) and the HTTP client (reqwest's blocking client, which hands each\n\
+         request to a runtime thread of its own).\n\n\
          The last two columns are the whole agent's (collection and export): its CPU in percent of\n\
          one core and its peak RSS (`VmHWM`).\n\n\
          | GPUs | compression | bytes per export | data points | bytes per point | bytes per GPU per export | CPU ms per export | `/metrics` bytes | CPU ms per scrape | % of one core | peak RSS (MiB) |\n\

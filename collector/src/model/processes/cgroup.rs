@@ -359,7 +359,6 @@ fn walk(root: &Path, id: u64, limit: usize) -> Option<String> {
 mod by_id_tests {
     use super::cgroup_path_by_id;
     use std::os::unix::fs::MetadataExt as _;
-    use std::path::Path;
 
     #[test]
     fn mount_points_are_unescaped() {
