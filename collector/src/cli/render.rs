@@ -142,7 +142,7 @@ pub fn inventory_json(model: &Model) -> serde_json::Value {
                 "health": health_json(&reasons),
                 "rail": model.fabric.rail(&g.info.pci_bus_id),
                 "supported_metrics": supported(g),
-                "disabled": g.disabled,
+                "disabled": &*g.disabled,
             })
         })
         .collect();
@@ -197,7 +197,7 @@ pub fn inventory_table(model: &Model) -> String {
             let _ = writeln!(out, "  disabled: none");
         } else {
             let _ = writeln!(out, "  disabled:");
-            for (feature, why) in &g.disabled {
+            for (feature, why) in g.disabled.iter() {
                 let _ = writeln!(out, "    {feature}: {why}");
             }
         }

@@ -161,8 +161,9 @@ pub struct GpuSlot {
     pub info: GpuInfo,
     /// Latest samples per group (index = [`Group::index`]).
     pub groups: Vec<Arc<Vec<Sample>>>,
-    /// Features disabled on this GPU and why (NOT_SUPPORTED, symbol missing).
-    pub disabled: BTreeMap<Feature, String>,
+    /// Features disabled on this GPU and why (NOT_SUPPORTED, symbol missing); shared, so
+    /// that a snapshot does not copy it (it changes when a feature is disabled or re-probed).
+    pub disabled: Arc<BTreeMap<Feature, String>>,
     /// An NVML call running past its deadline: the call and since when.
     pub stuck: Option<(&'static str, Instant)>,
     /// NVML calls that ran past the deadline.
@@ -176,7 +177,7 @@ impl GpuSlot {
         Self {
             info,
             groups: Group::ALL.iter().map(|_| Arc::new(Vec::new())).collect(),
-            disabled: BTreeMap::new(),
+            disabled: Arc::default(),
             stuck: None,
             timeouts: 0,
             errors: BTreeMap::new(),

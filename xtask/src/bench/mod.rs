@@ -52,6 +52,9 @@ struct Measurement {
     otlp: Option<(u64, u64)>,
     /// GPUs on the simulated node.
     gpus: u32,
+    /// CPU seconds in the window of the threads alive at both ends, by thread name
+    /// (`/proc/PID/task/TID/schedstat`, nanoseconds).
+    threads: std::collections::BTreeMap<String, f64>,
 }
 
 impl Measurement {
@@ -61,6 +64,14 @@ impl Measurement {
     }
     fn core_percent(&self) -> f64 {
         self.cpu_secs * 100.0 / self.window.as_secs_f64()
+    }
+    /// CPU seconds of the threads whose name starts with one of `prefixes`.
+    fn thread_secs(&self, prefixes: &[&str]) -> f64 {
+        self.threads
+            .iter()
+            .filter(|(name, _)| prefixes.iter().any(|p| name.starts_with(p)))
+            .map(|(_, secs)| secs)
+            .sum()
     }
 }
 
@@ -542,6 +553,7 @@ fn measure(
         let acct = CpuAcct::attach(pid);
         let acct0 = acct.as_ref().and_then(CpuAcct::secs);
         let cpu0 = cpu_secs(pid)?;
+        let threads0 = thread_cpu_secs(pid);
         let start = Instant::now();
         let mut seconds = 0;
         let mut scrapes = 0;
@@ -555,6 +567,12 @@ fn measure(
         }
         let elapsed = start.elapsed();
         let cpu = cpu_secs(pid)? - cpu0;
+        let mut threads = std::collections::BTreeMap::new();
+        for (tid, (name, end)) in thread_cpu_secs(pid) {
+            if let Some((_, begin)) = threads0.get(&tid) {
+                *threads.entry(name).or_insert(0.0) += end - begin;
+            }
+        }
         let precise = match (acct0, acct.as_ref().and_then(CpuAcct::secs)) {
             (Some(a), Some(b)) => Some(b - a),
             _ => None,
@@ -570,6 +588,7 @@ fn measure(
             scrape_bytes: body.len(),
             otlp: None,
             gpus: 0,
+            threads,
         })
     })();
     let _ = Command::new("kill")
@@ -633,6 +652,29 @@ impl Drop for CpuAcct {
         }
         let _ = std::fs::remove_dir(&self.dir);
     }
+}
+
+/// Each thread's name and CPU seconds so far, by thread id (`schedstat`'s first field is the
+/// time it ran, in nanoseconds; `comm` its name, cut to 15 bytes).
+fn thread_cpu_secs(pid: u32) -> std::collections::BTreeMap<u32, (String, f64)> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        let dir = task.path();
+        let ns: Option<f64> = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()));
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if let Some(ns) = ns {
+            out.insert(tid, (name.trim().to_string(), ns / 1e9));
+        }
+    }
+    out
 }
 
 /// User + system CPU seconds of a process (and its exited children).
@@ -741,6 +783,11 @@ const CAVEAT: &str = "\nCaveat: the simulator answers in microseconds; a real dr
 
 /// The OTLP table: bytes on the wire per export, per data point and per GPU, and CPU per
 /// export, beside one `/metrics` scrape of the same state.
+/// The threads an OTLP metrics export runs on (`comm` names, cut to 15 bytes).
+const EXPORT_THREADS: &[&str] = &["otlp-metrics", "reqwest-interna"];
+/// The threads a `/metrics` scrape runs on: the Tokio runtime's.
+const SCRAPE_THREADS: &[&str] = &["junction-rt"];
+
 fn otlp_report(results: &[Measurement], command: &str) -> String {
     let base = |gpus: u32| {
         results
@@ -757,18 +804,27 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
          Produced by `COMMAND` (release build). OTLP/HTTP protobuf to a counting receiver on\n\
          loopback, one export a second, not scraped. Bytes are request bodies as sent (gzip or\n\
          not); data points per export are the series of the same state on `/metrics`. CPU per\n\
-         export is the row's CPU less the collection-only row's, per second (one export a\n\
-         second); CPU per scrape likewise from the scraped row. An export writes the protobuf\n\
+         export is what the export's own threads ran (`otlp-metrics` and reqwest's runtime\n\
+         thread, `/proc/PID/task/TID/schedstat`) over the minute, per request; CPU per scrape is\n\
+         what the Tokio runtime's threads (hyper and the render) ran in the scraped row, less what\n\
+         they ran in the collection-only row, per scrape. Both come from the threads alone, so the\n\
+         collection's cost, which differs from one run of the agent to the next by more than an\n\
+         export costs, does not enter them. An export writes the protobuf\n\
          request straight from the model's snapshot into a buffer kept across exports, as\n\
          `/metrics` writes its text, then gzips it (flate2 over zlib-rs, level 2, one compressor\n\
-         reset for each export) and sends it. Where its instructions go (callgrind, `junction once\n\
-         --format otlp` and `--format prometheus`, the request or page written once):\n\
-         `Encoder::encode` 2.16 M instructions on the 8-GPU node and 18.9 M on the 64-GPU one,\n\
-         against 2.76 M and 19.1 M for `prometheus::encode::render` of the same state; taking and\n\
-         grouping the snapshot is the same for both. The rest of an export is gzip (zlib-rs at\n\
-         level 2: 1.7 ms for the 64-GPU request on this machine, where flate2's default\n\
-         miniz_oxide took 4.6) and the HTTP client (reqwest's blocking client, which hands each\n\
-         request to a runtime thread of its own).\n\n\
+         reset for each export) and sends it. Where the instructions go (callgrind on the running\n\
+         agent, 8-GPU node, 46 exports and 20 scrapes): an export 6.26 M instructions, of which\n\
+         the protobuf encode 2.10 M, gzip 3.78 M, taking and dropping the snapshot 0.36 M and the\n\
+         HTTP request 0.02 M on this thread (reqwest's runtime thread, which writes it to the\n\
+         socket, is counted in the CPU column); a scrape 2.57 M, of which the text render 2.21 M\n\
+         and the same snapshot 0.36 M. Without gzip an export takes the instructions a scrape does\n\
+         (2.48 M against 2.57 M; in CPU time, the table, it takes more); gzip of a body this size\n\
+         (146 bytes a point before it, the hardware conventions' identity\n\
+         attributes on every GPU series) costs more than writing it. Level 1 would cut gzip by a\n\
+         quarter and make the body 13 % larger (10.3 bytes a point on the 8-GPU node). On the\n\
+         64-GPU node (`junction once --format otlp` and `--format prometheus`): the encode 18.9 M\n\
+         against the render's 19.1 M; gzip of its 2.38 MB request takes 1.7 ms in a warm loop on\n\
+         this machine, where flate2's default miniz_oxide took 4.6 ms.\n\n\
          The last two columns are the whole agent's (collection and export): its CPU in percent of\n\
          one core and its peak RSS (`VmHWM`).\n\n\
          | GPUs | compression | bytes per export | data points | bytes per point | bytes per GPU per export | CPU ms per export | `/metrics` bytes | CPU ms per scrape | % of one core | peak RSS (MiB) |\n\
@@ -779,9 +835,18 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
             continue;
         };
         let per_export = bytes as f64 / requests.max(1) as f64;
-        let cpu_export = base(m.gpus).map(|b| m.cpu_ms_per_cycle() - b.cpu_ms_per_cycle());
+        // The export's own threads (its loop, and reqwest's runtime thread that sends), per
+        // request; the scrape's are the runtime's (hyper and the render), less what they did
+        // in the collection-only row, per scrape.
+        let cpu_export = Some(m.thread_secs(EXPORT_THREADS) * 1000.0 / requests.max(1) as f64);
         let cpu_scrape = match (scraped(m.gpus), base(m.gpus)) {
-            (Some(s), Some(b)) => Some(s.cpu_ms_per_cycle() - b.cpu_ms_per_cycle()),
+            (Some(s), Some(b)) => Some(
+                (s.thread_secs(SCRAPE_THREADS)
+                    - b.thread_secs(SCRAPE_THREADS) * s.window.as_secs_f64()
+                        / b.window.as_secs_f64())
+                    * 1000.0
+                    / f64::from(s.scrapes.max(1)),
+            ),
             _ => None,
         };
         let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));

@@ -46,7 +46,7 @@ pub fn startup(slots: &[Arc<Mutex<GpuSlot>>]) {
     let mut off: BTreeMap<(&'static str, String), Vec<u32>> = BTreeMap::new();
     for slot in slots {
         let s = lock(slot);
-        for (feature, why) in &s.disabled {
+        for (feature, why) in s.disabled.iter() {
             let gpus = off.entry((feature.name, why.clone())).or_default();
             if !gpus.contains(&s.info.index) {
                 gpus.push(s.info.index);

@@ -191,7 +191,9 @@ impl<'n> Ctx<'n> {
         if !slot.disabled.contains_key(&feature) && !quiet {
             tracing::info!(gpu = %self.uuid, feature = %feature, reason = %why, "NVML feature unavailable; disabled for this GPU");
         }
-        slot.disabled.insert(feature, why);
+        if slot.disabled.get(&feature) != Some(&why) {
+            Arc::make_mut(&mut slot.disabled).insert(feature, why);
+        }
     }
 
     /// Disables a feature for a reason found by the collector itself (e.g. no GPM).
@@ -215,7 +217,9 @@ impl<'n> Ctx<'n> {
         let mut slot = lock(&self.slot);
         for f in again {
             self.disabled.remove(&f);
-            slot.disabled.remove(&f);
+            if slot.disabled.contains_key(&f) {
+                Arc::make_mut(&mut slot.disabled).remove(&f);
+            }
             self.reprobing.insert(f);
         }
     }

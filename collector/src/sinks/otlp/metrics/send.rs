@@ -30,8 +30,8 @@ pub enum Sender {
     Http {
         /// The blocking client (TLS, timeouts).
         client: reqwest::blocking::Client,
-        /// The full URL, with `/v1/metrics`.
-        url: String,
+        /// The full URL, with `/v1/metrics` (parsed once, not on every export).
+        url: reqwest::Url,
         /// Request headers (never logged).
         headers: reqwest::header::HeaderMap,
         /// The gzip compressor (reset for each export, so that its tables are allocated
@@ -73,9 +73,15 @@ impl Sender {
                 reqwest::header::HeaderValue::from_static("gzip"),
             );
         }
+        let url = reqwest::Url::parse(&t.endpoint).map_err(|e| {
+            anyhow::anyhow!(
+                "sinks.otlp.endpoint {:?}: {e}",
+                crate::redact::url(&t.endpoint)
+            )
+        })?;
         Ok(Sender::Http {
             client,
-            url: t.endpoint.clone(),
+            url,
             headers,
             gzip: t.gzip.then(Gzip::new),
         })
@@ -169,7 +175,7 @@ impl Sender {
                 let payload = http_body.cloned().unwrap_or_default();
                 stats.sent(Signal::Metrics, payload.len());
                 let r = client
-                    .post(url.as_str())
+                    .post(url.clone())
                     .headers(headers.clone())
                     .body(payload)
                     .send();
