@@ -184,16 +184,26 @@ fn a_process_in_a_pod_carries_the_pods_name() {
             &[("process_pid", &p), ("gpu_driver_call", "rm_alloc")],
         )
     };
-    // The workload's whole sequence published (a later interval than the first sighting).
+    let allocated = |s: &[support::Series]| {
+        value(
+            s,
+            "gpu_k8s_allocation",
+            &[("hw_id", &uuids[5]), ("k8s_pod_name", "train-0")],
+        )
+    };
+    // The workload's whole sequence published (a later interval than the first sighting), and
+    // the kubelet's allocation read: the two sources poll on their own clocks, and eBPF can see
+    // all four calls before the kubernetes source's next `List` after `set_pods`.
     let mut page = first;
     support::wait_until(
         Duration::from_secs(15),
-        "the workload's 4 RM_ALLOC calls",
+        "the workload's 4 RM_ALLOC calls and the pod's allocation",
         || {
             if let Ok(now) = support::scrape(agent.port, Duration::from_secs(5)) {
                 page = now;
             }
-            rm_alloc(&parse(&page)) == Some(4.0)
+            let s = parse(&page);
+            rm_alloc(&s) == Some(4.0) && allocated(&s).is_some()
         },
     );
     let s = parse(&page);
@@ -214,14 +224,7 @@ fn a_process_in_a_pod_carries_the_pods_name() {
         "the basic workload makes 4 RM_ALLOC calls: {page}"
     );
     // The GPU it registered is the one the kubelet allocated to the pod.
-    assert_eq!(
-        value(
-            &s,
-            "gpu_k8s_allocation",
-            &[("hw_id", &uuids[5]), ("k8s_pod_name", "train-0")]
-        ),
-        Some(1.0)
-    );
+    assert_eq!(allocated(&s), Some(1.0), "{page}");
     w.finish();
     let _ = std::fs::remove_dir(&cgroup);
 }
