@@ -47,7 +47,7 @@ pub fn json(model: &Model) -> serde_json::Value {
                 })
                 .collect();
             let reasons = model.health.reasons(&g.info.uuid);
-            serde_json::json!({ "gpu": g.info, "health": health_json(&reasons), "metrics": metrics })
+            serde_json::json!({ "gpu": &*g.info, "health": health_json(&reasons), "metrics": metrics })
         })
         .collect();
     serde_json::json!({ "driver": model.driver(), "gpus": gpus, "bmc": bmc_json(model) })
@@ -138,7 +138,7 @@ pub fn inventory_json(model: &Model) -> serde_json::Value {
         .map(|g| {
             let reasons = model.health.reasons(&g.info.uuid);
             serde_json::json!({
-                "gpu": g.info,
+                "gpu": &*g.info,
                 "health": health_json(&reasons),
                 "rail": model.fabric.rail(&g.info.pci_bus_id),
                 "supported_metrics": supported(g),

@@ -3,7 +3,7 @@
 //! registry's units, with thresholds and a state. Turned into samples here, so that both
 //! sources export the same metrics the same way.
 
-use super::{AttrValue, HealthState, Metric, Sample};
+use super::{AttrValue, Attrs, HealthState, Metric, Sample};
 
 /// A component a BMC reports.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -422,7 +422,7 @@ impl Poll {
     pub fn samples(&self) -> Vec<Sample> {
         let target: AttrValue = self.target.clone().into();
         let base = |id: &str, hw_type: &str, name: &str, parent: &Option<String>| {
-            let mut attrs: Vec<(&'static str, AttrValue)> = vec![
+            let mut attrs: Attrs = smallvec::smallvec![
                 ("hw.id", id.to_string().into()),
                 ("hw.type", hw_type.to_string().into()),
                 ("hw.name", name.to_string().into()),
@@ -597,7 +597,7 @@ fn host_temperatures(host: &str, readings: &[Reading], target: &AttrValue) -> Ve
 fn push_status(out: &mut Vec<Sample>, attrs: &[(&'static str, AttrValue)], level: Level) {
     for s in [HealthState::Ok, HealthState::Degraded, HealthState::Failed] {
         let mut st = Sample::new(Metric::Status, f64::from(u8::from(level.hw_state() == s)));
-        st.attrs = attrs.to_vec();
+        st.attrs = attrs.iter().cloned().collect();
         out.push(st.with("hw.state", s.as_str()));
     }
 }

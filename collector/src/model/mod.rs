@@ -24,13 +24,18 @@ pub use registry::{Group, Metric, REGISTRY};
 /// An attribute value: static for enums, owned for ids and names.
 pub type AttrValue = Cow<'static, str>;
 
+/// A sample's attributes: up to three held inline (most samples have one to three: a link
+/// and an error type, a clock domain), so that collecting a sample allocates nothing for
+/// them; more spill to the heap.
+pub type Attrs = smallvec::SmallVec<[(&'static str, AttrValue); 3]>;
+
 /// One data point.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     /// Which metric.
     pub metric: Metric,
     /// Attributes besides the GPU's `hw.id` (which the sinks add unless `hw.id` is here).
-    pub attrs: Vec<(&'static str, AttrValue)>,
+    pub attrs: Attrs,
     /// The value, in the registry's unit.
     pub value: f64,
 }
@@ -40,7 +45,7 @@ impl Sample {
     pub fn new(metric: Metric, value: f64) -> Self {
         Self {
             metric,
-            attrs: Vec::new(),
+            attrs: Attrs::new(),
             value,
         }
     }
@@ -157,8 +162,8 @@ impl serde::Serialize for Feature {
 /// What the model holds for one GPU.
 #[derive(Debug, Clone)]
 pub struct GpuSlot {
-    /// Identity.
-    pub info: GpuInfo,
+    /// Identity (shared: a snapshot copies the pointer, not the strings).
+    pub info: Arc<GpuInfo>,
     /// Latest samples per group (index = [`Group::index`]).
     pub groups: Vec<Arc<Vec<Sample>>>,
     /// Features disabled on this GPU and why (NOT_SUPPORTED, symbol missing); shared, so
@@ -175,7 +180,7 @@ pub struct GpuSlot {
 impl GpuSlot {
     pub(crate) fn new(info: GpuInfo) -> Self {
         Self {
-            info,
+            info: Arc::new(info),
             groups: Group::ALL.iter().map(|_| Arc::new(Vec::new())).collect(),
             disabled: Arc::default(),
             stuck: None,

@@ -46,8 +46,8 @@ pub struct ProcessInfo {
 impl ProcessInfo {
     /// The attributes every per-process series carries (`process.pid`,
     /// `process.executable.name`, and `container.id` / `k8s.pod.uid` when known).
-    pub fn attrs(&self) -> Vec<(&'static str, super::AttrValue)> {
-        let mut a: Vec<(&'static str, super::AttrValue)> = vec![
+    pub fn attrs(&self) -> super::Attrs {
+        let mut a: super::Attrs = smallvec::smallvec![
             ("process.pid", self.pid.to_string().into()),
             ("process.executable.name", self.name.clone().into()),
         ];

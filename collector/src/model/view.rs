@@ -176,12 +176,24 @@ impl<'a> View<'a> {
     /// GPU's identity where the metric takes it and the sample has no `hw.id` of its own (a
     /// MIG instance's, a fan's).
     pub fn extra(&self, metric: usize, gpu: &str, s: &Sample) -> &'a [(&'static str, AttrValue)] {
-        if gpu.is_empty() || !takes_identity(metric) || s.attr("hw.id").is_some() {
+        if s.attr("hw.id").is_some() {
             return &[];
         }
+        self.identity_of(metric, gpu)
+    }
+
+    /// The GPU's identity attributes where `metric` takes them, for a sample without a
+    /// `hw.id` of its own (the caller has checked).
+    pub fn identity_of(&self, metric: usize, gpu: &str) -> &'a [(&'static str, AttrValue)] {
+        if gpu.is_empty() || !takes_identity(metric) {
+            return &[];
+        }
+        // The view's samples carry the snapshot's own strings: found by address, else by
+        // value.
         self.identity
             .iter()
-            .find(|(id, _)| std::ptr::eq(id.as_ptr(), gpu.as_ptr()) || *id == gpu)
+            .find(|(id, _)| std::ptr::eq(id.as_ptr(), gpu.as_ptr()))
+            .or_else(|| self.identity.iter().find(|(id, _)| *id == gpu))
             .map_or(&[], |(_, i)| *i)
     }
 }

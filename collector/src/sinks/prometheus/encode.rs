@@ -10,26 +10,40 @@ use crate::model::view::View;
 pub fn render(families: &View<'_>, out: &mut String) {
     let names = prometheus_names();
     let mut identities = Identities::default();
-    let mut keys = Keys::default();
+    let mut ids = IdLabels::default();
+    // The label names mapped by earlier renders (a render running meanwhile maps its own).
+    let mut keys = std::mem::take(&mut *crate::model::lock(&KEYS));
     for (i, samples) in families.iter() {
-        let d = &REGISTRY[i];
-        let name = names[i].as_str();
-        let _ = writeln!(out, "# HELP {name} {}", escape_help(d.help));
-        let _ = writeln!(out, "# TYPE {name} {}", d.prometheus_type());
+        let (name, header) = (names[i].0.as_str(), names[i].1.as_str());
+        out.push_str(header);
         for (id, s) in samples {
             out.push_str(name);
             out.push('{');
             let mut first = true;
-            let has_own_id = s.attrs.iter().any(|(k, _)| *k == "hw.id");
-            if !id.is_empty() && !has_own_id {
-                write_label(out, &mut first, keys.get("hw.id"), id);
+            // One pass over the sample's keys: its own `hw.id` (a MIG instance's, a fan's),
+            // and whether it names an identity attribute itself.
+            let (mut own_id, mut names_identity) = (false, false);
+            for (k, _) in &s.attrs {
+                if *k == "hw.id" {
+                    own_id = true;
+                } else if k.starts_with("hw.") && IDENTITY_KEYS.contains(k) {
+                    names_identity = true;
+                }
+            }
+            if !id.is_empty() && !own_id {
+                out.push_str(ids.get(id, &mut keys));
+                first = false;
             }
             for (k, v) in &s.attrs {
                 write_label(out, &mut first, keys.get(k), v);
             }
-            let extra = families.extra(i, id, s);
+            let extra = if own_id || id.is_empty() {
+                &[][..]
+            } else {
+                families.identity_of(i, id)
+            };
             if !extra.is_empty() {
-                if extra.iter().all(|(k, _)| s.attr(k).is_none()) {
+                if !names_identity {
                     // A GPU's identity is the same on each of its series: written once.
                     if !first {
                         out.push(',');
@@ -47,6 +61,50 @@ pub fn render(families: &View<'_>, out: &mut String) {
             write_value(out, s.value);
             out.push('\n');
         }
+    }
+    *crate::model::lock(&KEYS) = keys;
+}
+
+/// The label names of every key seen, kept across renders: the keys are the registry's and
+/// the sources' `&'static str` constants, a closed set of a few dozen.
+static KEYS: std::sync::Mutex<Keys> = std::sync::Mutex::new(Keys::new());
+
+/// The identity attribute keys (`view::identity`): a sample that names one itself keeps its
+/// own value, and the GPU's is written for the others only.
+const IDENTITY_KEYS: [&str; 6] = [
+    "hw.vendor",
+    "hw.model",
+    "hw.name",
+    "hw.serial_number",
+    "hw.driver_version",
+    "hw.firmware_version",
+];
+
+/// Each GPU's `hw_id="…"` label as text, rendered on first use in a scrape (keyed by the
+/// view's string, one per GPU; consecutive series are mostly the same GPU's).
+#[derive(Default)]
+struct IdLabels {
+    rendered: Vec<(usize, String)>,
+    last: usize,
+}
+
+impl IdLabels {
+    fn get(&mut self, id: &str, keys: &mut Keys) -> &str {
+        let key = id.as_ptr() as usize;
+        let at = match self.rendered.get(self.last) {
+            Some((k, _)) if *k == key => self.last,
+            _ => match self.rendered.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    let mut text = String::new();
+                    write_label(&mut text, &mut true, keys.get("hw.id"), id);
+                    self.rendered.push((key, text));
+                    self.rendered.len() - 1
+                }
+            },
+        };
+        self.last = at;
+        &self.rendered[at].1
     }
 }
 
@@ -81,8 +139,8 @@ impl Identities {
     }
 }
 
-/// Attribute keys as Prometheus label names ('.' and '-' become '_'), mapped once a render:
-/// the keys are the registry's and the sources' constants, a few dozen, each on thousands of
+/// Attribute keys as Prometheus label names ('.' and '-' become '_'), each mapped once: the
+/// keys are the registry's and the sources' constants, a few dozen, each on thousands of
 /// series.
 struct Keys {
     /// (address, length) of a key, and its label name.
@@ -93,15 +151,19 @@ struct Keys {
 
 impl Default for Keys {
     fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Keys {
+    const fn new() -> Self {
         Self {
             mapped: Vec::new(),
             slots: [0; 256],
         }
     }
-}
 
-impl Keys {
-    fn get(&mut self, key: &str) -> &str {
+    fn get(&mut self, key: &'static str) -> &str {
         let id = (key.as_ptr() as usize, key.len());
         let slot = (id.0 ^ id.1).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56;
         let hit = match self.slots[slot] {
@@ -136,6 +198,14 @@ fn write_label(out: &mut String, first: &mut bool, name: &str, value: &str) {
     *first = false;
     out.push_str(name);
     out.push_str("=\"");
+    // Most values are short ids and enum values with nothing to escape: a plain scan of them
+    // costs less than setting up memchr's.
+    let bytes = value.as_bytes();
+    if bytes.len() < 32 && !bytes.iter().any(|&b| matches!(b, b'\\' | b'"' | b'\n')) {
+        out.push_str(value);
+        out.push('"');
+        return;
+    }
     // The matched bytes are ASCII, so each cut is at a character boundary.
     let mut rest = value;
     while let Some(i) = memchr::memchr3(b'\\', b'"', b'\n', rest.as_bytes()) {
@@ -160,25 +230,41 @@ pub fn set_legacy_names(on: bool) {
     LEGACY.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The Prometheus names of the registry, computed once (each way).
-fn prometheus_names() -> &'static [String] {
-    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    static OLD: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+/// The Prometheus name of each metric of the registry and its `# HELP` and `# TYPE` lines,
+/// computed once (each way).
+fn prometheus_names() -> &'static [(String, String)] {
+    static NAMES: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+    static OLD: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
     if LEGACY.load(std::sync::atomic::Ordering::Relaxed) {
         OLD.get_or_init(|| {
             let mut names = prometheus_names_now();
             for (m, old) in LEGACY_PROMETHEUS_NAMES {
                 names[*m as usize] = (*old).to_string();
             }
-            names
+            with_headers(names)
         })
     } else {
-        NAMES.get_or_init(prometheus_names_now)
+        NAMES.get_or_init(|| with_headers(prometheus_names_now()))
     }
 }
 
 fn prometheus_names_now() -> Vec<String> {
     REGISTRY.iter().map(|d| d.prometheus_name()).collect()
+}
+
+fn with_headers(names: Vec<String>) -> Vec<(String, String)> {
+    names
+        .into_iter()
+        .zip(REGISTRY)
+        .map(|(name, d)| {
+            let header = format!(
+                "# HELP {name} {}\n# TYPE {name} {}\n",
+                escape_help(d.help),
+                d.prometheus_type()
+            );
+            (name, header)
+        })
+        .collect()
 }
 
 fn write_value(out: &mut String, v: f64) {
@@ -227,7 +313,7 @@ mod tests {
     #[test]
     fn label_keys_are_mapped_and_values_escaped() {
         let mut keys = Keys::default();
-        let mut label = |k: &str, v: &str| {
+        let mut label = |k: &'static str, v: &str| {
             let mut s = String::new();
             let mut first = true;
             write_label(&mut s, &mut first, keys.get(k), v);
@@ -243,6 +329,14 @@ mod tests {
         );
         assert_eq!(label("a", "x\\y\"z\nw\"\""), r#"a="x\\y\"z\nw\"\"""#);
         assert_eq!(label("a", "\"ünï\\cödé\n"), r#"a="\"ünï\\cödé\n""#);
+        // Past the short-value scan (32 bytes and more), escapes near both ends.
+        let long = format!("\"{}\\{}\n", "a".repeat(40), "b".repeat(40));
+        assert_eq!(
+            label("a", &long),
+            format!(r#"a="\"{}\\{}\n""#, "a".repeat(40), "b".repeat(40))
+        );
+        let clean = "c".repeat(64);
+        assert_eq!(label("a", &clean), format!(r#"a="{clean}""#));
         let mut s = String::from("x");
         let mut first = false;
         write_label(&mut s, &mut first, "b", "1");

@@ -275,7 +275,7 @@ impl Drain<'_> {
         }
         let minors: StdHashMap<u32, String> = gpus
             .into_iter()
-            .filter_map(|g| g.info.minor_number.map(|n| (n, g.info.uuid)))
+            .filter_map(|g| g.info.minor_number.map(|n| (n, g.info.uuid.clone())))
             .collect();
         self.tracker.minors = minors.iter().map(|(m, u)| (*m, u.clone())).collect();
         let minor = |n: u32| minors.get(&n).cloned();

@@ -325,7 +325,7 @@ async fn poll(cfg: &KubernetesConfig, model: &Model, state: &mut State) {
             let gpus: Vec<(u32, String)> = model
                 .snapshot()
                 .into_iter()
-                .map(|g| (g.info.index, g.info.uuid))
+                .map(|g| (g.info.index, g.info.uuid.clone()))
                 .collect();
             uuids_for_indexes(&mut allocs, &gpus);
             let cap = cfg.max_allocations as usize;

@@ -17,7 +17,9 @@ fn expected(feature: &str) -> Option<&'static str> {
         "gpm" | "gpm_mig" => "expected before Hopper (GPM needs Hopper or newer)",
         "fan_speed" => "expected on passively cooled boards",
         "temperature_memory" => "expected on GPUs without an HBM temperature sensor",
-        "nvlink" | "nvlink_state" | "nvlink_throughput" => "expected on GPUs without NVLink",
+        "nvlink" | "nvlink_state" | "nvlink_throughput" | "nvlink_fields" => {
+            "expected on GPUs without NVLink"
+        }
         "encoder_utilization" | "decoder_utilization" => "expected on GPUs without video engines",
         "utilization" | "process_utilization" => "expected while MIG mode is on",
         _ => return None,

@@ -83,7 +83,7 @@ pub struct Ctx<'n> {
     /// at start and every few collections, not every time).
     pub p2p: (u32, Vec<Sample>),
     /// Per-process attributes (name, container, pod), cached for the live process list.
-    pub proc_names: BTreeMap<u32, Vec<(&'static str, crate::model::AttrValue)>>,
+    pub proc_names: BTreeMap<u32, crate::model::Attrs>,
     /// Newest per-process utilization timestamp seen (µs, CPU clock); 0 before the first.
     pub last_process_sample: u64,
     /// The processes group's interval: the first per-process utilization read asks for this
@@ -91,8 +91,9 @@ pub struct Ctx<'n> {
     pub process_window: Duration,
     /// How this driver lays out `_v3` process entries when the written bytes do not say.
     pub layout: V3Layout,
-    /// Features disabled on this GPU (mirrors the slot's map without taking its lock).
-    disabled: BTreeMap<Feature, Retry>,
+    /// Features disabled on this GPU (mirrors the slot's map without taking its lock;
+    /// looked up on every NVML call, so hashed rather than ordered by name).
+    disabled: foldhash::HashMap<Feature, Retry>,
     /// Features being tried again after a re-probe.
     reprobing: BTreeSet<Feature>,
     /// Set once the start-up report has been logged: later disables log one line each.
@@ -441,7 +442,7 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
         last_process_sample: 0,
         process_window,
         layout: sh.layout,
-        disabled: BTreeMap::new(),
+        disabled: foldhash::HashMap::default(),
         reprobing: BTreeSet::new(),
         reported: sh.reported.clone(),
         uuid,

@@ -122,7 +122,7 @@ impl State {
         let nvml: BTreeMap<String, String> = model
             .snapshot()
             .into_iter()
-            .filter_map(|s| Some((normalize_bdf(&s.info.pci_bus_id)?, s.info.uuid)))
+            .filter_map(|s| Some((normalize_bdf(&s.info.pci_bus_id)?, s.info.uuid.clone())))
             .collect();
         let id = |f: &Function| match (f.role, nvml.get(&f.bdf)) {
             (_, Some(uuid)) => uuid.clone(),

@@ -47,80 +47,138 @@ pub fn decode_ber(raw: u64) -> f64 {
     mantissa as f64 * 10f64.powi(-(exp as i32))
 }
 
-/// The NVLink5 error counters and BERs of one link (pre-Blackwell parts answer
-/// NOT_SUPPORTED for every field: the link's group is disabled).
-fn nvlink5(ctx: &mut Ctx<'_>, link: u32, out: &mut Vec<Sample>) -> Result<(), Halt> {
-    let name = index_name(link);
-    let ids: Vec<u32> = NVLINK5.iter().map(|(id, _, _)| *id).collect();
-    let Some(v) = link_fields(ctx, "nvlink5_counters", link, &ids)? else {
-        return Ok(());
-    };
-    for (x, (_, ty, ber)) in v.into_iter().zip(NVLINK5) {
-        match x {
-            Some(x) if ber => out.push(
-                Sample::new(Metric::NvlinkBer, decode_ber(x.max(0.0) as u64))
-                    .with("gpu.nvlink.link", name)
-                    .with("gpu.nvlink.ber.type", ty),
-            ),
-            Some(x) => out.push(
-                Sample::new(Metric::NvlinkErrors, x)
-                    .with("gpu.nvlink.link", name)
-                    .with("gpu.nvlink.error.type", ty),
-            ),
-            None => {}
-        }
-    }
-    Ok(())
+/// The per-link field groups, read together in one `nvmlDeviceGetFieldValues` call per link
+/// (each group was a call of its own: on an 18-link GPU that was 72 calls a cycle where 18
+/// do). Each group stays a feature of its own on each link (`feature[link]`), disabled on its
+/// own: `nvlink_throughput` where any of its fields is unsupported, the others only where
+/// none of their fields is (a driver that has some of a group has the group).
+const LINK_GROUPS: [(&str, LinkGroup); 4] = [
+    ("nvlink_throughput", LinkGroup::Throughput),
+    ("nvlink5_counters", LinkGroup::Nvlink5),
+    ("nvlink_fec_history", LinkGroup::Fec),
+    ("nvlink_link_recovery", LinkGroup::Recovery),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinkGroup {
+    Throughput,
+    Nvlink5,
+    Fec,
+    Recovery,
 }
 
-/// One link's FEC history bins, added into `bins` (a bin the driver does not give stays as it
-/// was). Per GPU, not per link: 16 bins on each of 18 links would be 288 series a GPU.
-fn fec_history(ctx: &mut Ctx<'_>, link: u32, bins: &mut [Option<f64>]) -> Result<(), Halt> {
-    let ids: Vec<u32> = (0..FEC_BINS).map(|b| FI_NVLINK_FEC_HISTORY_0 + b).collect();
-    let Some(v) = link_fields(ctx, "nvlink_fec_history", link, &ids)? else {
-        return Ok(());
-    };
-    for (x, bin) in v.into_iter().zip(bins.iter_mut()) {
-        if let Some(x) = x {
-            *bin = Some(bin.unwrap_or(0.0) + x.max(0.0));
+impl LinkGroup {
+    /// The group's field ids, in the order of `NVLINK5` and `RECOVERY` (a test checks).
+    fn ids(self) -> std::ops::Range<u32> {
+        match self {
+            // TX, RX (138, 139).
+            LinkGroup::Throughput => FI_NVLINK_TX..FI_NVLINK_RX + 1,
+            // 219..=222, in NVLINK5's order.
+            LinkGroup::Nvlink5 => FI_NVLINK_EFFECTIVE_ERRORS..FI_NVLINK_SYMBOL_BER + 1,
+            LinkGroup::Fec => FI_NVLINK_FEC_HISTORY_0..FI_NVLINK_FEC_HISTORY_0 + FEC_BINS,
+            // 213..=215, in RECOVERY's order.
+            LinkGroup::Recovery => FI_NVLINK_RECOVERY_SUCCESSFUL..FI_NVLINK_RECOVERY_EVENTS + 1,
         }
     }
-    Ok(())
 }
 
-/// A group of one link's fields read in one call under `feature` (at the link): one entry
-/// per id, `None` where that field is unavailable; the group is disabled on that link only
-/// where none of its fields is (a driver that has some of a group has the group).
+/// Most fields one link's call asks for (every group enabled).
+const LINK_FIELDS: usize = 2 + NVLINK5.len() + FEC_BINS as usize + RECOVERY.len();
+
+/// One link's field groups (those not disabled on it) in one call; samples into `out`, FEC
+/// history bins added into `fec` (a bin the driver does not give stays as it was).
 fn link_fields(
     ctx: &mut Ctx<'_>,
-    feature: &'static str,
     link: u32,
-    ids: &[u32],
-) -> Result<Option<Vec<Option<f64>>>, Halt> {
-    let nvml = ctx.nvml;
-    let requests: Vec<FieldRequest> = ids
-        .iter()
-        .map(|id| FieldRequest {
-            id: *id,
-            scope: link,
-            decode: Decode::Typed,
-        })
-        .collect();
-    let feature = Feature::at(feature, link);
-    let Some(v) = ctx.call(feature, |d| raw::field_values(nvml, d, &requests))? else {
-        return Ok(None);
-    };
-    let mut unsupported = None;
-    let values: Vec<Option<f64>> = v
-        .into_iter()
-        .map(|r| r.map_err(|e| unsupported = Some(e)).ok())
-        .collect();
-    if values.iter().all(Option::is_none)
-        && let Some(e) = unsupported
-    {
-        ctx.failed(feature, e)?;
+    out: &mut Vec<Sample>,
+    fec: &mut [Option<f64>],
+) -> Result<(), Halt> {
+    let name = index_name(link);
+    let mut requests = [FieldRequest {
+        id: 0,
+        scope: link,
+        decode: Decode::Typed,
+    }; LINK_FIELDS];
+    let mut groups: [(&str, LinkGroup, usize, usize); 4] = [("", LinkGroup::Throughput, 0, 0); 4];
+    let (mut n, mut g) = (0, 0);
+    for (feature, group) in LINK_GROUPS {
+        if ctx.is_disabled(Feature::at(feature, link)) {
+            continue;
+        }
+        let start = n;
+        for id in group.ids() {
+            requests[n].id = id;
+            n += 1;
+        }
+        groups[g] = (feature, group, start, n);
+        g += 1;
     }
-    Ok(Some(values))
+    if n == 0 {
+        return Ok(());
+    }
+    let nvml = ctx.nvml;
+    let requests = &requests[..n];
+    let Some(mut values) = ctx.call(Feature::at("nvlink_fields", link), |d| {
+        raw::field_values(nvml, d, requests)
+    })?
+    else {
+        return Ok(());
+    };
+    for &(feature, group, start, end) in &groups[..g] {
+        let feature = Feature::at(feature, link);
+        let mut unsupported = None;
+        let mut any = false;
+        for (i, r) in values[start..end].iter_mut().enumerate() {
+            let x = match std::mem::replace(r, Ok(0.0)) {
+                Ok(x) => x,
+                Err(e) => {
+                    if group == LinkGroup::Throughput {
+                        ctx.failed(feature, e)?;
+                    } else {
+                        unsupported = Some(e);
+                    }
+                    continue;
+                }
+            };
+            any = true;
+            match group {
+                LinkGroup::Throughput => out.push(
+                    Sample::new(Metric::NvlinkIo, x * 1024.0)
+                        .with("gpu.nvlink.link", name)
+                        .with(
+                            "network.io.direction",
+                            if i == 0 { "transmit" } else { "receive" },
+                        ),
+                ),
+                LinkGroup::Nvlink5 => {
+                    let (_, ty, ber) = NVLINK5[i];
+                    out.push(if ber {
+                        Sample::new(Metric::NvlinkBer, decode_ber(x.max(0.0) as u64))
+                            .with("gpu.nvlink.link", name)
+                            .with("gpu.nvlink.ber.type", ty)
+                    } else {
+                        Sample::new(Metric::NvlinkErrors, x)
+                            .with("gpu.nvlink.link", name)
+                            .with("gpu.nvlink.error.type", ty)
+                    });
+                }
+                LinkGroup::Fec => {
+                    fec[i] = Some(fec[i].unwrap_or(0.0) + x.max(0.0));
+                }
+                LinkGroup::Recovery => out.push(
+                    Sample::new(Metric::NvlinkRecovery, x)
+                        .with("gpu.nvlink.link", name)
+                        .with("gpu.nvlink.recovery.outcome", RECOVERY[i].1),
+                ),
+            }
+        }
+        // Pre-Blackwell parts answer NOT_SUPPORTED for every field of the NVLink5, FEC and
+        // recovery groups: the group is disabled on the link.
+        if !any && let Some(e) = unsupported {
+            ctx.failed(feature, e)?;
+        }
+    }
+    Ok(())
 }
 
 /// The C2C links of a Grace superchip (GH200, GB200): state, the most bandwidth, errors.
@@ -189,32 +247,6 @@ pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
                     .with("gpu.nvlink.link", name),
             );
         }
-        let data = [
-            FieldRequest {
-                id: FI_NVLINK_TX,
-                scope: link,
-                decode: Decode::Typed,
-            },
-            FieldRequest {
-                id: FI_NVLINK_RX,
-                scope: link,
-                decode: Decode::Typed,
-            },
-        ];
-        if let Some(v) = ctx.call(Feature::at("nvlink_throughput", link), |d| {
-            raw::field_values(nvml, d, &data)
-        })? {
-            for (r, dir) in v.into_iter().zip(["transmit", "receive"]) {
-                match r {
-                    Ok(kib) => out.push(
-                        Sample::new(Metric::NvlinkIo, kib * 1024.0)
-                            .with("gpu.nvlink.link", name)
-                            .with("network.io.direction", dir),
-                    ),
-                    Err(e) => ctx.failed(Feature::at("nvlink_throughput", link), e)?,
-                }
-            }
-        }
         for (counter, feature, ty) in ERROR_COUNTERS {
             if let Some(n) = ctx.call(Feature::at(feature, link), |d| {
                 raw::nvlink_error(nvml, d, link, counter)
@@ -226,38 +258,7 @@ pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
                 );
             }
         }
-        nvlink5(ctx, link, out)?;
-        fec_history(ctx, link, &mut fec)?;
-        let requests: Vec<FieldRequest> = RECOVERY
-            .iter()
-            .map(|(id, _)| FieldRequest {
-                id: *id,
-                scope: link,
-                decode: Decode::Typed,
-            })
-            .collect();
-        let feature = Feature::at("nvlink_link_recovery", link);
-        if let Some(v) = ctx.call(feature, |d| raw::field_values(nvml, d, &requests))? {
-            let mut unsupported = None;
-            for (r, (_, outcome)) in v.into_iter().zip(RECOVERY) {
-                match r {
-                    Ok(n) => out.push(
-                        Sample::new(Metric::NvlinkRecovery, n)
-                            .with("gpu.nvlink.link", name)
-                            .with("gpu.nvlink.recovery.outcome", outcome),
-                    ),
-                    Err(e) => unsupported = Some(e),
-                }
-            }
-            // Pre-Blackwell parts answer NOT_SUPPORTED per field: disable the link's group.
-            if let Some(e) = unsupported.filter(|_| {
-                !out.iter().any(|s| {
-                    s.metric == Metric::NvlinkRecovery && s.attr("gpu.nvlink.link") == Some(name)
-                })
-            }) {
-                ctx.failed(feature, e)?;
-            }
-        }
+        link_fields(ctx, link, out, &mut fec)?;
     }
     for (bin, n) in fec.iter().enumerate() {
         if let Some(n) = n {
@@ -268,4 +269,26 @@ pub(super) fn nvlink(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Hal
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_groups_ask_for_the_fields_their_samples_name() {
+        let ids = |g: LinkGroup| g.ids().collect::<Vec<u32>>();
+        assert_eq!(ids(LinkGroup::Throughput), [FI_NVLINK_TX, FI_NVLINK_RX]);
+        assert_eq!(
+            ids(LinkGroup::Nvlink5),
+            NVLINK5.iter().map(|(id, _, _)| *id).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            ids(LinkGroup::Recovery),
+            RECOVERY.iter().map(|(id, _)| *id).collect::<Vec<_>>()
+        );
+        assert_eq!(ids(LinkGroup::Fec).len(), FEC_BINS as usize);
+        let all: usize = LINK_GROUPS.iter().map(|(_, g)| g.ids().len()).sum();
+        assert_eq!(all, LINK_FIELDS);
+    }
 }

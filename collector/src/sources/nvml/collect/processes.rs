@@ -9,7 +9,7 @@ use nvml_wrapper::struct_wrappers::device::{MemoryInfo, ProcessUtilizationSample
 use super::raw::{self, ProcessKind, RawProcess};
 use super::{MigDevice, pct};
 use crate::model::processes::basename;
-use crate::model::{AttrValue, Metric, Sample};
+use crate::model::{Attrs, Metric, Sample};
 use crate::sources::nvml::worker::{Ctx, Halt};
 
 /// `nvmlSystemGetProcessName` crops the name to the buffer it is given and still succeeds
@@ -126,10 +126,7 @@ fn newest_per_pid(
 /// `/proc` once per process). Where `/proc` does not show it, the name is NVML's (read into
 /// a `PATH_MAX` buffer: a 64-byte one turns long interpreter or venv paths into wrong names).
 /// NVML pids are the host's: in a container, `/proc` is the host's only with `hostPID`.
-pub(super) fn process_attrs(
-    ctx: &mut Ctx<'_>,
-    pid: u32,
-) -> Result<Vec<(&'static str, AttrValue)>, Halt> {
+pub(super) fn process_attrs(ctx: &mut Ctx<'_>, pid: u32) -> Result<Attrs, Halt> {
     if let Some(a) = ctx.proc_names.get(&pid) {
         return Ok(a.clone());
     }
