@@ -120,7 +120,7 @@ impl HealthState {
 
 /// A feature of a GPU that can be unsupported on its own: an NVML call, optionally for one
 /// link, fan or counter index, so that one unsupported link does not switch off its siblings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Feature {
     /// The feature (also the `junction.stage` of its errors).
     pub name: &'static str,
@@ -135,6 +135,24 @@ impl Feature {
             name,
             index: Some(index),
         }
+    }
+}
+
+/// Hashes the name's length and its first and last eight bytes with the index, not the whole
+/// name: the NVML workers look a feature up on every call, and names that share all of these
+/// only share a bucket (equality still compares the whole name).
+impl std::hash::Hash for Feature {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let b = self.name.as_bytes();
+        let word = |s: &[u8]| {
+            let mut w = [0u8; 8];
+            w[..s.len()].copy_from_slice(s);
+            u64::from_le_bytes(w)
+        };
+        let n = b.len().min(8);
+        state.write_u64(word(&b[..n]) ^ word(&b[b.len() - n..]).rotate_left(29));
+        state.write_usize(b.len());
+        state.write_u32(self.index.unwrap_or(u32::MAX));
     }
 }
 

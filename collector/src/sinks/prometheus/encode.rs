@@ -12,7 +12,7 @@ pub fn render(families: &View<'_>, out: &mut String) {
     let mut identities = Identities::default();
     let mut ids = IdLabels::default();
     // The label names mapped by earlier renders (a render running meanwhile maps its own).
-    let mut keys = std::mem::take(&mut *crate::model::lock(&KEYS));
+    let mut labels = std::mem::take(&mut *crate::model::lock(&LABELS));
     for (i, samples) in families.iter() {
         let (name, header) = (names[i].0.as_str(), names[i].1.as_str());
         out.push_str(header);
@@ -30,13 +30,28 @@ pub fn render(families: &View<'_>, out: &mut String) {
                     names_identity = true;
                 }
             }
+            let keys = &mut labels.keys;
             if !id.is_empty() && !own_id {
-                out.push_str(ids.get(id, &mut keys));
+                out.push_str(ids.get(id, keys));
                 first = false;
             }
             for (k, v) in &s.attrs {
-                write_label(out, &mut first, keys.get(k), v);
+                let known = match v {
+                    std::borrow::Cow::Borrowed(v) => labels.statics.get(k, v, &mut labels.keys),
+                    std::borrow::Cow::Owned(_) => None,
+                };
+                match known {
+                    Some(text) => {
+                        if !first {
+                            out.push(',');
+                        }
+                        first = false;
+                        out.push_str(text);
+                    }
+                    None => write_label(out, &mut first, labels.keys.get(k), v),
+                }
             }
+            let keys = &mut labels.keys;
             let extra = if own_id || id.is_empty() {
                 &[][..]
             } else {
@@ -48,7 +63,7 @@ pub fn render(families: &View<'_>, out: &mut String) {
                     if !first {
                         out.push(',');
                     }
-                    out.push_str(identities.get(extra, &mut keys));
+                    out.push_str(identities.get(extra, keys));
                 } else {
                     for (k, v) in extra {
                         if s.attr(k).is_none() {
@@ -62,12 +77,71 @@ pub fn render(families: &View<'_>, out: &mut String) {
             out.push('\n');
         }
     }
-    *crate::model::lock(&KEYS) = keys;
+    *crate::model::lock(&LABELS) = labels;
 }
 
-/// The label names of every key seen, kept across renders: the keys are the registry's and
-/// the sources' `&'static str` constants, a closed set of a few dozen.
-static KEYS: std::sync::Mutex<Keys> = std::sync::Mutex::new(Keys::new());
+/// What renders map once for the process and keep: label names, and the text of labels whose
+/// value is a constant.
+#[derive(Default)]
+struct Labels {
+    keys: Keys,
+    statics: Statics,
+}
+
+/// Kept across renders (a render running meanwhile maps its own).
+static LABELS: std::sync::Mutex<Labels> = std::sync::Mutex::new(Labels {
+    keys: Keys::new(),
+    statics: Statics::new(),
+});
+
+/// At most this many constant labels are kept (there are a few hundred: enum values, link
+/// and fan indices); past it, labels are written as any other.
+const MAX_STATIC_LABELS: usize = 4096;
+
+/// The text `name="value"` of labels whose key and value are both `&'static str`s (an enum
+/// value, an index name), escaped once for the process instead of on every series.
+struct Statics {
+    /// By the key's and the value's address and length.
+    text: std::collections::HashMap<
+        (usize, usize, usize, usize),
+        Box<str>,
+        foldhash::fast::FixedState,
+    >,
+}
+
+impl Default for Statics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Statics {
+    const fn new() -> Self {
+        Self {
+            text: std::collections::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0)),
+        }
+    }
+
+    fn get(&mut self, key: &'static str, value: &'static str, keys: &mut Keys) -> Option<&str> {
+        use std::collections::hash_map::Entry;
+        let id = (
+            key.as_ptr() as usize,
+            key.len(),
+            value.as_ptr() as usize,
+            value.len(),
+        );
+        let full = self.text.len() >= MAX_STATIC_LABELS;
+        match self.text.entry(id) {
+            Entry::Occupied(e) => Some(&**e.into_mut()),
+            Entry::Vacant(_) if full => None,
+            Entry::Vacant(e) => {
+                let mut text = String::new();
+                write_label(&mut text, &mut true, keys.get(key), value);
+                Some(&**e.insert(text.into_boxed_str()))
+            }
+        }
+    }
+}
 
 /// The identity attribute keys (`view::identity`): a sample that names one itself keeps its
 /// own value, and the GPU's is written for the others only.
@@ -341,6 +415,23 @@ mod tests {
         let mut first = false;
         write_label(&mut s, &mut first, "b", "1");
         assert_eq!(s, r#"x,b="1""#);
+    }
+
+    #[test]
+    fn constant_labels_are_written_as_any_other_and_kept_apart() {
+        let (mut keys, mut statics) = (Keys::default(), Statics::default());
+        for (k, v) in [
+            ("gpu.nvlink.link", "3"),
+            ("gpu.nvlink.link", "17"),
+            ("network.io.direction", "transmit"),
+            ("a.b", "q\"uo\\te\n"),
+        ] {
+            let mut plain = String::new();
+            write_label(&mut plain, &mut true, keys.get(k), v);
+            assert_eq!(statics.get(k, v, &mut keys), Some(plain.as_str()));
+            assert_eq!(statics.get(k, v, &mut keys), Some(plain.as_str()), "kept");
+        }
+        assert_eq!(statics.text.len(), 4);
     }
 
     #[test]
