@@ -15,6 +15,9 @@ use crate::model::Model;
 use crate::model::xid::{Report, Via};
 use crate::shutdown::Shutdown;
 
+/// How long one `nvmlEventSetWait` waits when no event comes.
+const WAIT_MS: u32 = 5000;
+
 /// Waits for XID events on every GPU that supports them until shutdown (its own thread).
 pub fn run(nvml: &Nvml, model: &Arc<Model>, gpus: u32, shutdown: &Shutdown) {
     let mut set = match nvml.create_event_set() {
@@ -51,7 +54,9 @@ pub fn run(nvml: &Nvml, model: &Arc<Model>, gpus: u32, shutdown: &Shutdown) {
     }
     tracing::info!(gpus = registered, "waiting for XID events from NVML");
     while !shutdown.is_triggered() {
-        match set.wait(500) {
+        // Events end the wait at once; the timeout only bounds how late this (detached)
+        // thread sees the shutdown, so it is long: each wake-up of an idle thread costs CPU.
+        match set.wait(WAIT_MS) {
             Ok(data) => {
                 let Some(XidError::Value(xid)) = data.event_data else {
                     continue;
