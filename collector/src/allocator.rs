@@ -65,6 +65,26 @@ pub fn tune() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn tune() {}
 
+/// `thread.tcache.flush`.
+const TCACHE_FLUSH: &[u8] = b"thread.tcache.flush\0";
+
+/// Returns the blocks the calling thread's cache holds to its arena. A thread that works in
+/// bursts (an NVML worker's cycle a second) calls it before it sleeps: its allocations within
+/// a burst take the cache, and no block waits in it between bursts (64 idle caches held
+/// 3.4 MiB on the 64-GPU node).
+pub fn flush_thread_cache() {
+    // SAFETY: a NUL-terminated name; the flush takes no value and returns none.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            TCACHE_FLUSH.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+    }
+}
+
 /// Hands the unused pages of both allocators back to the kernel.
 pub fn release() {
     // SAFETY: a NUL-terminated name; the purge takes no value and returns none.

@@ -509,6 +509,7 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
             .copied()
             .unwrap_or(now + Duration::from_secs(1))
             .min(next_reprobe);
+        crate::allocator::flush_thread_cache();
         if sh
             .shutdown
             .sleep(next.saturating_duration_since(Instant::now()))
