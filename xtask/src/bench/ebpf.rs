@@ -95,7 +95,7 @@ pub fn report(f: &Figures) -> String {
     out.push_str(&format!(
         "\nAims: a non-matching ioctl within 50 ns of the floor — {:+.0} ns for a command that cannot be\n\
          NVIDIA's ({}), {:+.0} ns for an NVIDIA command on another device ({}: the six kernel reads of\n\
-         the fd walk); under 1 µs added per matching ioctl — {:+.0} ns for `RM_CONTROL` ({}), {:+.0} ns\n\
+         the fd walk); under 1 µs added per matching ioctl over none attached (the floor included) — {:+.0} ns for `RM_CONTROL` ({}), {:+.0} ns\n\
          for `RM_ALLOC` with its record ({}).\n",
         added("other_cmd"),
         met(added("other_cmd") <= 50.0),

@@ -172,14 +172,22 @@ pub fn run(smoke: bool) -> Result<()> {
     }
     print!("{report}");
     if !smoke {
-        // The soak's figures come from `--soak MINUTES` (an hour or more): kept as they are.
-        if let Ok(old) = std::fs::read_to_string(root().join("BENCHMARKS.md"))
-            && let Some(start) = old.find("\n## Soak\n")
-        {
-            let end = old[start + 1..]
-                .find("\n## ")
-                .map_or(old.len(), |i| start + 1 + i);
-            report.push_str(&old[start..end]);
+        // The soak's figures come from `--soak MINUTES` (an hour or more), its heap profile
+        // from a run under heaptrack, the cycle's profile from callgrind: kept as they are.
+        if let Ok(old) = std::fs::read_to_string(root().join("BENCHMARKS.md")) {
+            for heading in [
+                "\n## Soak\n",
+                "\n## Soak heap profile\n",
+                "\n## Where a cycle's CPU goes\n",
+            ] {
+                let Some(start) = old.find(heading) else {
+                    continue;
+                };
+                let end = old[start + 1..]
+                    .find("\n## ")
+                    .map_or(old.len(), |i| start + 1 + i);
+                report.push_str(&old[start..end]);
+            }
         }
         std::fs::write(root().join("BENCHMARKS.md"), report)?;
         println!("wrote BENCHMARKS.md");
@@ -813,18 +821,16 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
          request straight from the model's snapshot into a buffer kept across exports, as\n\
          `/metrics` writes its text, then gzips it (flate2 over zlib-rs, level 2, one compressor\n\
          reset for each export) and sends it. Where the instructions go (callgrind on the running\n\
-         agent, 8-GPU node, 46 exports and 20 scrapes): an export 6.26 M instructions, of which\n\
-         the protobuf encode 2.10 M, gzip 3.78 M, taking and dropping the snapshot 0.36 M and the\n\
-         HTTP request 0.02 M on this thread (reqwest's runtime thread, which writes it to the\n\
-         socket, is counted in the CPU column); a scrape 2.57 M, of which the text render 2.21 M\n\
-         and the same snapshot 0.36 M. Without gzip an export takes the instructions a scrape does\n\
-         (2.48 M against 2.57 M; in CPU time, the table, it takes more); gzip of a body this size\n\
-         (146 bytes a point before it, the hardware conventions' identity\n\
-         attributes on every GPU series) costs more than writing it. Level 1 would cut gzip by a\n\
-         quarter and make the body 13 % larger (10.3 bytes a point on the 8-GPU node). On the\n\
-         64-GPU node (`junction once --format otlp` and `--format prometheus`): the encode 18.9 M\n\
-         against the render's 19.1 M; gzip of its 2.38 MB request takes 1.7 ms in a warm loop on\n\
-         this machine, where flate2's default miniz_oxide took 4.6 ms.\n\n\
+         agent, 8-GPU node, OTLP/HTTP gzip and `/metrics` each once a second, 21 exports and 20\n\
+         scrapes): an export 5.96 M instructions, of which the protobuf encode 2.16 M (writing\n\
+         each point's attributes 0.93 M of it) and gzip 3.59 M on the export's thread; a scrape\n\
+         1.44 M, of which the text render 1.17 M and taking the snapshot the rest. gzip alone\n\
+         takes two and a half scrapes: with it, an export cannot cost what a scrape does at this\n\
+         body size (146 bytes a point before it, the hardware conventions' identity attributes\n\
+         on every GPU series). Level 1 would cut gzip by a quarter and make the body 13 % larger\n\
+         (10.3 bytes a point on the 8-GPU node, over the 10 a point aimed for). On the\n\
+         64-GPU node gzip of the 2.38 MB request takes 1.7 ms in a warm loop on this machine,\n\
+         where flate2's default miniz_oxide took 4.6 ms.\n\n\
          The last two columns are the whole agent's (collection and export): its CPU in percent of\n\
          one core and its peak RSS (`VmHWM`).\n\n\
          | GPUs | compression | bytes per export | data points | bytes per point | bytes per GPU per export | CPU ms per export | `/metrics` bytes | CPU ms per scrape | % of one core | peak RSS (MiB) |\n\
