@@ -58,6 +58,24 @@ fn identity(g: &GpuSlot, driver: Option<&DriverInfo>) -> Vec<(&'static str, Attr
     out
 }
 
+/// The identity attribute keys ([`identity`]): a sample that names one itself keeps its own
+/// value, and the GPU's is written for the others only.
+pub const IDENTITY_KEYS: [&str; 6] = [
+    "hw.vendor",
+    "hw.model",
+    "hw.name",
+    "hw.serial_number",
+    "hw.driver_version",
+    "hw.firmware_version",
+];
+
+/// Whether a sample names an identity attribute itself (then only the GPU's others are added).
+pub fn names_identity(s: &Sample) -> bool {
+    s.attrs
+        .iter()
+        .any(|(k, _)| k.starts_with("hw.") && IDENTITY_KEYS.contains(k))
+}
+
 /// A snapshot of the model and the samples derived from it.
 pub struct Snapshot {
     /// The GPU slots.

@@ -822,8 +822,8 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
          `/metrics` writes its text, then gzips it (flate2 over zlib-rs, level 2, one compressor\n\
          reset for each export) and sends it. Where the instructions go (callgrind on the running\n\
          agent, 8-GPU node, OTLP/HTTP gzip and `/metrics` each once a second, 21 exports and 20\n\
-         scrapes): an export 5.96 M instructions, of which the protobuf encode 2.16 M (writing\n\
-         each point's attributes 0.93 M of it) and gzip 3.59 M on the export's thread; a scrape\n\
+         scrapes): an export 5.9 M instructions, of which the protobuf encode 2.12 M (each GPU's\n\
+         identity attributes written once an export) and gzip 3.59 M on the export's thread; a scrape\n\
          1.44 M, of which the text render 1.17 M and taking the snapshot the rest. gzip alone\n\
          takes two and a half scrapes: with it, an export cannot cost what a scrape does at this\n\
          body size (146 bytes a point before it, the hardware conventions' identity attributes\n\

@@ -26,7 +26,7 @@ pub fn render(families: &View<'_>, out: &mut String) {
             for (k, _) in &s.attrs {
                 if *k == "hw.id" {
                     own_id = true;
-                } else if k.starts_with("hw.") && IDENTITY_KEYS.contains(k) {
+                } else if k.starts_with("hw.") && crate::model::view::IDENTITY_KEYS.contains(k) {
                     names_identity = true;
                 }
             }
@@ -142,17 +142,6 @@ impl Statics {
         }
     }
 }
-
-/// The identity attribute keys (`view::identity`): a sample that names one itself keeps its
-/// own value, and the GPU's is written for the others only.
-const IDENTITY_KEYS: [&str; 6] = [
-    "hw.vendor",
-    "hw.model",
-    "hw.name",
-    "hw.serial_number",
-    "hw.driver_version",
-    "hw.firmware_version",
-];
 
 /// Each GPU's `hw_id="…"` label as text, rendered on first use in a scrape (keyed by the
 /// view's string, one per GPU; consecutive series are mostly the same GPU's).

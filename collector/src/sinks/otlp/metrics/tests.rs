@@ -38,6 +38,10 @@ fn model(energy: f64, events: usize) -> Arc<Model> {
         Sample::new(Metric::Power, 612.5).with("hw.type", "gpu"),
         Sample::new(Metric::Power, f64::NAN).with("hw.type", "board"),
         Sample::new(Metric::Energy, energy).with("hw.type", "gpu"),
+        // Names an identity attribute itself: keeps its value, the GPU's others follow.
+        Sample::new(Metric::Power, 40.0)
+            .with("hw.type", "memory")
+            .with("hw.name", "HBM3"),
     ]);
     model.publish(
         "test",
@@ -137,6 +141,14 @@ fn the_request_holds_every_finite_sample_with_its_attributes_names_and_units() {
     let mut power = vec![("hw.id", "GPU-1"), ("hw.type", "gpu")];
     power.extend(ident);
     assert_eq!(points[&("hw.power".into(), attrs(&power))], (612.5, 5, 7));
+    let memory = [
+        ("hw.id", "GPU-1"),
+        ("hw.type", "memory"),
+        ("hw.name", "HBM3"),
+        ("hw.vendor", "nvidia"),
+        ("hw.model", "H100"),
+    ];
+    assert_eq!(points[&("hw.power".into(), attrs(&memory))], (40.0, 5, 7));
     // The NaN is left out, as the SDK leaves it out.
     assert!(
         !points
