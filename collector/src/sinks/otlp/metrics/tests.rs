@@ -199,6 +199,23 @@ fn the_request_holds_every_finite_sample_with_its_attributes_names_and_units() {
     // The buffer is reused: a second export of the same state is the same bytes.
     let first = e.encode(&snap.view(), 7).0.to_vec();
     assert_eq!(e.encode(&snap.view(), 7).0, &first[..]);
+    // Written in pieces (as into the gzip compressor), the same bytes in order, each piece
+    // cut at the first data point's end past the size asked for, and the same count.
+    for piece in [1usize, 100, 1000, first.len(), usize::MAX] {
+        let mut pieces: Vec<Vec<u8>> = Vec::new();
+        let count = e.encode_to(&snap.view(), 7, piece, &mut |p| pieces.push(p.to_vec()));
+        assert_eq!(count, n, "pieces of {piece}");
+        assert_eq!(pieces.concat(), first, "pieces of {piece}");
+        assert!(pieces.iter().all(|p| !p.is_empty()), "pieces of {piece}");
+        if piece == 1 {
+            // One piece for the envelope and the first point, one for each point after,
+            // and the last metric's end and the schema URLs.
+            assert_eq!(pieces.len(), points.len() + 1, "pieces of {piece}");
+        }
+        if piece >= first.len() {
+            assert_eq!(pieces.len(), 1, "pieces of {piece}");
+        }
+    }
 }
 
 #[test]
