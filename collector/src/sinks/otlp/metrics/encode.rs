@@ -1,7 +1,8 @@
 //! The model's view as an OTLP `ExportMetricsServiceRequest`, written straight in protobuf's
 //! wire format into a buffer kept across exports, the way the Prometheus sink writes text:
 //! no per-series objects, no SDK aggregation tables. One pass adds up every message's
-//! length (a length-delimited field's size comes before its bytes), a second writes.
+//! length (a length-delimited field's size comes before its bytes), a second writes — the
+//! whole request, or (`encode_to`) pieces handed on as they fill, cut between data points.
 //!
 //! What is written (field numbers from `opentelemetry/proto/metrics/v1/metrics.proto`):
 //! one `ResourceMetrics` (the resource, its schema URL) with one `ScopeMetrics` (scope
