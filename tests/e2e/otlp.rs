@@ -101,15 +101,17 @@ fn otlp_points(req: &ExportMetricsServiceRequest, reg: &BTreeMap<String, Desc>) 
 }
 
 /// Every registry metric, name, unit, kind and attribute, and every value agrees between the
-/// OTLP export and `/metrics` in the same run; the resource says who is reporting.
-fn same_metrics_as_scrape(protocol: &str) {
+/// OTLP export and `/metrics` in the same run; the resource says who is reporting. Bodies are
+/// compressed as `compression` says (gzip: the agent compresses the metrics request as it
+/// writes it; none: it sends its encoder's buffer).
+fn same_metrics_as_scrape(protocol: &str, compression: &str) {
     let rx = Receiver::start();
     let endpoint = match protocol {
         "grpc" => rx.grpc_url(),
         _ => rx.http_url(),
     };
     let otlp = format!(
-        "endpoint = {endpoint:?}\nprotocol = {protocol:?}\nresource_attributes = {{ cluster = \"test-a\" }}\n"
+        "endpoint = {endpoint:?}\nprotocol = {protocol:?}\ncompression = {compression:?}\nresource_attributes = {{ cluster = \"test-a\" }}\n"
     );
     // Every NVML group once an hour: after its first cycle the model stays as it is.
     let config = config(support::free_port(), &otlp)
@@ -136,6 +138,16 @@ fn same_metrics_as_scrape(protocol: &str) {
     rx.wait_for(Duration::from_secs(10), "the next export", |r| {
         r.metrics.len() > n
     });
+    if protocol != "grpc" {
+        let encoding = rx.with(|r| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == "content-encoding")
+                .map(|(_, v)| v.clone())
+        });
+        let expected = (compression == "gzip").then(|| "gzip".to_string());
+        assert_eq!(encoding, expected, "compression = {compression:?}");
+    }
     let body = scrape(agent.port, Duration::from_secs(5)).expect("scrape");
     let otlp = rx.with(|r| otlp_points(r.metrics.last().expect("metrics"), &reg));
     let prom: Points = parse(&body)
@@ -236,12 +248,17 @@ fn same_metrics_as_scrape(protocol: &str) {
 
 #[test]
 fn grpc_carries_the_same_metrics_as_the_scrape() {
-    same_metrics_as_scrape("grpc");
+    same_metrics_as_scrape("grpc", "gzip");
 }
 
 #[test]
 fn http_carries_the_same_metrics_as_the_scrape() {
-    same_metrics_as_scrape("http/protobuf");
+    same_metrics_as_scrape("http/protobuf", "gzip");
+}
+
+#[test]
+fn uncompressed_http_carries_the_same_metrics_as_the_scrape() {
+    same_metrics_as_scrape("http/protobuf", "none");
 }
 
 /// The sequence numbers of the events the receiver accepted, with duplicates.

@@ -317,6 +317,22 @@ impl Encoder {
         (&self.buf, count)
     }
 
+    /// The request for `view` at `now_ns` as a buffer of its own (the one the encoder keeps,
+    /// lent: give it back with [`Encoder::give_back`] once sent) and the number of data
+    /// points in it.
+    pub fn encode_owned(&mut self, view: &View<'_>, now_ns: u64) -> (Vec<u8>, usize) {
+        let count = self.write(view, now_ns, usize::MAX, &mut |_| {});
+        (std::mem::take(&mut self.buf), count)
+    }
+
+    /// Takes back the buffer [`Encoder::encode_owned`] lent, when nothing else holds it
+    /// (else the next request gets a new one).
+    pub fn give_back(&mut self, sent: bytes::Bytes) {
+        if let Ok(b) = sent.try_into_mut() {
+            self.buf = b.into();
+        }
+    }
+
     /// The request for `view` at `now_ns` handed to `out` in pieces of about `piece` bytes
     /// (cut between data points), in order; the number of data points in it. The buffer kept
     /// between exports holds one piece, not the whole request (the 64-GPU node's is 2.4 MB):

@@ -111,9 +111,12 @@ fn run(
             drop(snap);
             sender.export_gzipped(timeout, stats, &stopping)
         } else {
-            let (body, _) = encoder.encode(&snap.view(), now);
+            // The encoder's buffer, lent to the sender and taken back.
+            let body = bytes::Bytes::from(encoder.encode_owned(&snap.view(), now).0);
             drop(snap);
-            sender.export(body, timeout, stats, &stopping)
+            let outcome = sender.export(body.clone(), timeout, stats, &stopping);
+            encoder.give_back(body);
+            outcome
         };
         stats.export(Signal::Metrics, &outcome);
         if last {

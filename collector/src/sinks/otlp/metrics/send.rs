@@ -129,10 +129,11 @@ impl Sender {
     }
 
     /// Sends `body` (an encoded `ExportMetricsServiceRequest`), retrying as the module says
-    /// within `timeout`; `stopping` cuts the waits short.
+    /// within `timeout`; `stopping` cuts the waits short. Every attempt sends a handle to
+    /// the same bytes (no copy of the request per attempt).
     pub fn export(
         &mut self,
-        body: &[u8],
+        body: Bytes,
         timeout: Duration,
         stats: &Stats,
         stopping: &dyn Fn() -> bool,
@@ -141,16 +142,16 @@ impl Sender {
         let http_body = match self {
             Sender::Http { gzip: Some(z), .. } => {
                 z.start();
-                z.feed(body);
+                z.feed(&body);
                 match z.finish() {
                     Ok(b) => Some(b),
                     Err(e) => return Outcome::Retryable(format!("gzip: {e}")),
                 }
             }
-            Sender::Http { gzip: None, .. } => Some(Bytes::copy_from_slice(body)),
+            Sender::Http { gzip: None, .. } => Some(body.clone()),
             Sender::Grpc { .. } => None,
         };
-        self.send(body, http_body, timeout, stats, stopping)
+        self.send(&body, http_body, timeout, stats, stopping)
     }
 
     /// Sends the request the compressor was fed since [`Gzip::start`], as [`Sender::export`]
@@ -166,13 +167,13 @@ impl Sender {
             Some(Err(e)) => return Outcome::Retryable(format!("gzip: {e}")),
             None => return Outcome::Retryable("gzip: this sender does not compress".into()),
         };
-        self.send(&[], Some(http_body), timeout, stats, stopping)
+        self.send(&Bytes::new(), Some(http_body), timeout, stats, stopping)
     }
 
     /// The attempts: `body` is what gRPC sends, `http_body` what HTTP does.
     fn send(
         &mut self,
-        body: &[u8],
+        body: &Bytes,
         mut http_body: Option<Bytes>,
         timeout: Duration,
         stats: &Stats,
@@ -203,7 +204,7 @@ impl Sender {
     /// One attempt: how it ended and how long the receiver asked to wait, if it did.
     fn attempt(
         &mut self,
-        body: &[u8],
+        body: &Bytes,
         http_body: Option<&Bytes>,
         stats: &Stats,
     ) -> (Outcome, Option<Duration>) {
@@ -255,7 +256,7 @@ impl Sender {
                 metadata,
                 runtime,
             } => {
-                let mut request = tonic::Request::new(Bytes::copy_from_slice(body));
+                let mut request = tonic::Request::new(body.clone());
                 *request.metadata_mut() = metadata.clone();
                 let path = tonic::codegen::http::uri::PathAndQuery::from_static(EXPORT);
                 let mut grpc = grpc.clone();

@@ -216,6 +216,19 @@ fn the_request_holds_every_finite_sample_with_its_attributes_names_and_units() {
             assert_eq!(pieces.len(), 1, "pieces of {piece}");
         }
     }
+    // Lent whole (as to an uncompressed sender), the same bytes; given back, the buffer is
+    // the next request's; given back while the sender still holds it, not.
+    let (owned, count) = e.encode_owned(&snap.view(), 7);
+    assert_eq!((owned.as_slice(), count), (&first[..], n));
+    let lent = bytes::Bytes::from(owned);
+    let at = lent.as_ptr();
+    e.give_back(lent);
+    assert_eq!(e.encode(&snap.view(), 7).0.as_ptr(), at, "the same buffer");
+    let lent = bytes::Bytes::from(e.encode_owned(&snap.view(), 7).0);
+    let held = lent.clone();
+    e.give_back(lent);
+    assert_ne!(e.encode(&snap.view(), 7).0.as_ptr(), held.as_ptr());
+    assert_eq!(e.encode(&snap.view(), 7).0, &held[..]);
 }
 
 #[test]
