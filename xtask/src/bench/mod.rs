@@ -135,6 +135,7 @@ pub fn run(smoke: bool) -> Result<()> {
         } else {
             Duration::from_secs(30)
         },
+        if smoke { scale::SMOKE_PASSES } else { 1 },
     )?;
     // The soak for a few minutes in the smoke run (`cargo xtask bench --soak MINUTES` for
     // the figures).
@@ -166,6 +167,7 @@ pub fn run(smoke: bool) -> Result<()> {
         } else {
             "cargo xtask bench"
         },
+        if smoke { scale::SMOKE_PASSES } else { 1 },
     ));
     if !soaked.is_empty() {
         report.push_str(&soak::report(&soaked, "cargo xtask bench --smoke"));
@@ -341,8 +343,9 @@ pub fn run_scale(smoke: bool) -> Result<()> {
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let window = Duration::from_secs(if smoke { 3 } else { 30 });
-    let rows = scale::run(&bin, &lib, &dir, window)?;
-    let section = scale::report(&rows, "cargo xtask bench --scale");
+    let passes = if smoke { scale::SMOKE_PASSES } else { 1 };
+    let rows = scale::run(&bin, &lib, &dir, window, passes)?;
+    let section = scale::report(&rows, "cargo xtask bench --scale", passes);
     print!("{section}");
     if !smoke {
         replace_section("\n## Scale\n", &section)?;

@@ -67,8 +67,34 @@ fn scenario(dir: &Path, gpus: u32, processes: Option<u32>) -> Result<String> {
     Ok(path.display().to_string())
 }
 
-/// Measures every row for `window`.
-pub fn run(bin: &Path, lib: &Path, dir: &Path, window: Duration) -> Result<Vec<Row>> {
+/// How many times the smoke run measures each row (see [`run`]).
+pub const SMOKE_PASSES: u32 = 3;
+
+/// Measures every row for `window`, `passes` times (every row, then every row again), and
+/// keeps each row's lowest CPU per cycle. Other work on the machine only ever adds to a
+/// row's CPU: with 3 s rows one smoke run measured the 0-process row at 7.54 ms a cycle and
+/// the next at 9.78, so that the 100 processes' difference (about 0.8 ms) was at times
+/// three times itself and the check compared noise. The lowest of a few passes is the
+/// row's cost with the least of that in it.
+pub fn run(bin: &Path, lib: &Path, dir: &Path, window: Duration, passes: u32) -> Result<Vec<Row>> {
+    let mut best: Vec<Row> = Vec::new();
+    for pass in 0..passes.max(1) {
+        let rows = run_once(bin, lib, dir, window, pass)?;
+        if best.is_empty() {
+            best = rows;
+            continue;
+        }
+        for (b, r) in best.iter_mut().zip(rows) {
+            if r.m.cpu_ms_per_cycle() < b.m.cpu_ms_per_cycle() {
+                *b = r;
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// Every row once (`pass` picks the rows' ports, so that no pass waits on the last one's).
+fn run_once(bin: &Path, lib: &Path, dir: &Path, window: Duration, pass: u32) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     let shapes: [(u32, Option<u32>); 7] = [
         (8, None),
@@ -80,7 +106,7 @@ pub fn run(bin: &Path, lib: &Path, dir: &Path, window: Duration) -> Result<Vec<R
         (8, Some(500)),
     ];
     for (n, (gpus, processes)) in shapes.into_iter().enumerate() {
-        let port = 19520 + n as u16;
+        let port = 19520 + 10 * pass as u16 + n as u16;
         let scenario = scenario(dir, gpus, processes)?;
         let config = dir.join(format!("scale-{port}.toml"));
         let mut text = sim_config(lib, &format!("127.0.0.1:{port}"), 1);
@@ -140,10 +166,15 @@ pub fn check(rows: &[Row]) -> Result<()> {
 }
 
 /// The BENCHMARKS.md section.
-pub fn report(rows: &[Row], command: &str) -> String {
+pub fn report(rows: &[Row], command: &str, passes: u32) -> String {
+    let passes = if passes > 1 {
+        format!(" (the lowest CPU of {passes} passes over the rows)")
+    } else {
+        String::new()
+    };
     let mut s = format!(
         "\n## Scale\n\nProduced by `{command}`. NVML and the sinks only, every group at 1 s, \
-         `/metrics` scraped every second, {} s a row; the nodes are the 8x H100 training \
+         `/metrics` scraped every second, {} s a row{passes}; the nodes are the 8x H100 training \
          node made uniform, with 8 to 64 GPUs (two processes each), then 8 GPUs with 0, 100 \
          and 500 processes in all. CPU as in the first table (a cpuacct cgroup). \"Added\" is \
          the CPU per cycle each GPU or process adds over the row above; the check (`cargo \
