@@ -821,9 +821,10 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
          they ran in the collection-only row, per scrape. Both come from the threads alone, so the\n\
          collection's cost, which differs from one run of the agent to the next by more than an\n\
          export costs, does not enter them. An export writes the protobuf\n\
-         request straight from the model's snapshot into a buffer kept across exports, as\n\
-         `/metrics` writes its text, then gzips it (flate2 over zlib-rs, level 2, one compressor\n\
-         reset for each export) and sends it. Where the instructions go (callgrind on the running\n\
+         request straight from the model's snapshot, as `/metrics` writes its text: with gzip\n\
+         into the compressor in 64 KiB pieces as it goes (flate2 over zlib-rs, level 2, one\n\
+         compressor reset for each export), so the whole uncompressed request is never held;\n\
+         without, into a buffer kept across exports that the sender borrows. Where the instructions go (callgrind on the running\n\
          agent, 8-GPU node, OTLP/HTTP gzip and `/metrics` each once a second, 21 exports and 20\n\
          scrapes): an export 5.9 M instructions, of which the protobuf encode 2.12 M (each GPU's\n\
          identity attributes written once an export) and gzip 3.59 M on the export's thread; a scrape\n\
