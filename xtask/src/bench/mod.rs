@@ -135,7 +135,7 @@ pub fn run(smoke: bool) -> Result<()> {
         } else {
             Duration::from_secs(30)
         },
-        if smoke { scale::SMOKE_PASSES } else { 1 },
+        scale::passes(smoke),
     )?;
     // The soak for a few minutes in the smoke run (`cargo xtask bench --soak MINUTES` for
     // the figures).
@@ -167,7 +167,7 @@ pub fn run(smoke: bool) -> Result<()> {
         } else {
             "cargo xtask bench"
         },
-        if smoke { scale::SMOKE_PASSES } else { 1 },
+        scale::passes(smoke),
     ));
     if !soaked.is_empty() {
         report.push_str(&soak::report(&soaked, "cargo xtask bench --smoke"));
@@ -343,7 +343,7 @@ pub fn run_scale(smoke: bool) -> Result<()> {
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let window = Duration::from_secs(if smoke { 3 } else { 30 });
-    let passes = if smoke { scale::SMOKE_PASSES } else { 1 };
+    let passes = scale::passes(smoke);
     let rows = scale::run(&bin, &lib, &dir, window, passes)?;
     let section = scale::report(&rows, "cargo xtask bench --scale", passes);
     print!("{section}");

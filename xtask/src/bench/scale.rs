@@ -67,8 +67,11 @@ fn scenario(dir: &Path, gpus: u32, processes: Option<u32>) -> Result<String> {
     Ok(path.display().to_string())
 }
 
-/// How many times the smoke run measures each row (see [`run`]).
-pub const SMOKE_PASSES: u32 = 3;
+/// How many times a run measures each row (see [`run`]): three in the smoke run's short rows,
+/// once in the full run's 30 s ones.
+pub fn passes(smoke: bool) -> u32 {
+    if smoke { 3 } else { 1 }
+}
 
 /// Measures every row for `window`, `passes` times (every row, then every row again), and
 /// keeps each row's lowest CPU per cycle. Other work on the machine only ever adds to a

@@ -138,19 +138,13 @@ impl Sender {
         stats: &Stats,
         stopping: &dyn Fn() -> bool,
     ) -> Outcome {
-        // The HTTP body, compressed once for every attempt.
-        let http_body = match self {
-            Sender::Http { gzip: Some(z), .. } => {
-                z.start();
-                z.feed(&body);
-                match z.finish() {
-                    Ok(b) => Some(b),
-                    Err(e) => return Outcome::Retryable(format!("gzip: {e}")),
-                }
-            }
-            Sender::Http { gzip: None, .. } => Some(body.clone()),
-            Sender::Grpc { .. } => None,
-        };
+        if let Some(z) = self.gzip() {
+            // Compressed once for every attempt.
+            z.start();
+            z.feed(&body);
+            return self.export_gzipped(timeout, stats, stopping);
+        }
+        let http_body = matches!(self, Sender::Http { .. }).then(|| body.clone());
         self.send(&body, http_body, timeout, stats, stopping)
     }
 
@@ -282,6 +276,7 @@ impl Sender {
 /// request (1.7 against 4.6 ms). Reset, not rebuilt, per export: its tables (with
 /// miniz_oxide 280 KB in five blocks, heaptrack) are allocated once, so the exports no
 /// longer carve and free them from the allocator's arenas every second.
+///
 /// A request is fed to it in pieces as the encoder writes them (`start`, `feed`..., `finish`).
 pub struct Gzip {
     z: flate2::Compress,
