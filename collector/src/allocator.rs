@@ -106,14 +106,74 @@ pub fn release() {
     }
 }
 
-/// Runs [`release`] every [`RELEASE_EVERY`] until `stop`.
-pub async fn release_periodically(stop: crate::shutdown::Shutdown) {
+/// Reads a `size_t` statistic (a NUL-terminated name).
+fn stat(name: &[u8]) -> Option<u64> {
+    let mut v: libc::size_t = 0;
+    let mut n = std::mem::size_of::<libc::size_t>();
+    // SAFETY: a NUL-terminated name of a `size_t` statistic, read into a `size_t` of the
+    // length given.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr().cast(),
+            (&raw mut v).cast(),
+            &raw mut n,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    (rc == 0).then_some(v as u64)
+}
+
+/// Junction's own heap as jemalloc counts it: bytes in live allocations
+/// (`stats.allocated`), and bytes of the pages that back the heap and jemalloc's own
+/// metadata (`stats.resident`). The C code's allocations through glibc (the NVML library's)
+/// are in neither. `None` if jemalloc was built without statistics.
+pub fn heap() -> Option<(u64, u64)> {
+    // The statistics are a copy jemalloc refreshes when `epoch` is written.
+    let mut epoch: u64 = 1;
+    // SAFETY: `epoch` takes a `uint64_t`; nothing is read back.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"epoch".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            (&raw mut epoch).cast(),
+            std::mem::size_of::<u64>(),
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    Some((stat(b"stats.allocated\0")?, stat(b"stats.resident\0")?))
+}
+
+/// Publishes [`heap`] as `junction.memory.heap.*` (after a release: the resident figure is
+/// the heap with its unused pages handed back, what the next growth starts from).
+fn publish_heap(model: &crate::model::Model) {
+    use crate::model::{Metric, Sample};
+    let samples = heap().map_or_else(Vec::new, |(allocated, resident)| {
+        vec![
+            Sample::new(Metric::HeapAllocated, allocated as f64),
+            Sample::new(Metric::HeapResident, resident as f64),
+        ]
+    });
+    model.publish("agent", "heap", samples);
+}
+
+/// Runs [`release`] every [`RELEASE_EVERY`] until `stop`, and publishes the heap's figures
+/// after each.
+pub async fn release_periodically(
+    model: std::sync::Arc<crate::model::Model>,
+    stop: crate::shutdown::Shutdown,
+) {
+    publish_heap(&model);
     while stop
         .unless(tokio::time::sleep(RELEASE_EVERY))
         .await
         .is_some()
     {
         release();
+        publish_heap(&model);
     }
 }
 
@@ -172,6 +232,42 @@ mod tests {
         assert!(
             before.saturating_sub(after) >= 8 << 20,
             "RSS {before} -> {after} bytes: the freed 16 MiB stayed resident"
+        );
+    }
+
+    #[test]
+    fn heap_counts_what_jemalloc_holds() {
+        // Another 8 MiB in live jemalloc blocks shows in `stats.allocated` (this test binary's
+        // global allocator is the system's: only these blocks and the runtime's go through
+        // jemalloc), and the pages under them in `stats.resident`.
+        let (allocated, resident) = super::heap().expect("jemalloc built with statistics");
+        let a = tikv_jemallocator::Jemalloc;
+        let layout = Layout::from_size_align(BLOCK, 8).expect("layout");
+        let blocks: Vec<usize> = (0..8 * 1024)
+            .map(|i| {
+                // SAFETY: a non-zero layout; every block is written, then freed once.
+                let p = unsafe { a.alloc(layout) };
+                assert!(!p.is_null());
+                unsafe { p.write_bytes(i as u8, BLOCK) };
+                p as usize
+            })
+            .collect();
+        let (grown, grown_resident) = super::heap().expect("statistics");
+        for p in blocks {
+            unsafe { a.dealloc(p as *mut u8, layout) };
+        }
+        let (after, _) = super::heap().expect("statistics");
+        assert!(
+            grown >= allocated + (8 << 20),
+            "allocated {allocated} -> {grown} bytes after 8 MiB of blocks"
+        );
+        assert!(
+            grown_resident >= resident + (7 << 20),
+            "resident {resident} -> {grown_resident}"
+        );
+        assert!(
+            after + (7 << 20) <= grown,
+            "allocated {grown} -> {after} after freeing them"
         );
     }
 

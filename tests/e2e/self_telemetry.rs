@@ -128,3 +128,39 @@ fn a_failed_read_in_every_source_is_counted_with_its_source_stage_and_kind() {
     }
     assert!(agent.terminate().success(), "{}", agent.log());
 }
+
+/// `VmRSS` of `pid`, bytes.
+fn rss(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kib * 1024.0
+}
+
+#[test]
+fn the_agents_own_heap_is_on_metrics_and_within_its_rss() {
+    // jemalloc's counts, published at start and after each release: the live heap is some
+    // MiB (the model, the sinks' buffers), the pages under it at least that, both within
+    // the process's RSS (which adds the binary, the NVML library, stacks, glibc's heap).
+    let mut agent = Agent::start("healthy-node.toml", "current");
+    let body = agent.wait_for(Duration::from_secs(30), |m| {
+        m.contains("junction_memory_heap_allocated_bytes")
+    });
+    let rss = rss(agent.child.id());
+    let s = parse(&body);
+    let allocated =
+        support::value(&s, "junction_memory_heap_allocated_bytes", &[]).expect("allocated");
+    let resident =
+        support::value(&s, "junction_memory_heap_resident_bytes", &[]).expect("resident");
+    assert!(allocated > 256.0 * 1024.0, "allocated {allocated}");
+    assert!(
+        resident >= allocated,
+        "resident {resident} < allocated {allocated}"
+    );
+    assert!(resident < rss, "heap resident {resident} >= RSS {rss}");
+    assert!(agent.terminate().success(), "{}", agent.log());
+}

@@ -148,7 +148,10 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
         }
     }
     crate::privileges::open_gate();
-    let release = tokio::spawn(crate::allocator::release_periodically(stop_sinks.clone()));
+    let release = tokio::spawn(crate::allocator::release_periodically(
+        model.clone(),
+        stop_sinks.clone(),
+    ));
     signals.wait().await;
     tracing::info!("shutting down");
     // Sources first, then the sinks (which may make a final export of what the sources left).

@@ -420,6 +420,10 @@ registry! {
         "agent", "Events waiting for delivery.";
     SinkEventsDropped = "junction.sink.events.dropped", "{event}", Counter, ["junction.sink"], Status,
         "agent", "Events lost before delivery: past the queue bound, or refused by the receiver.";
+    HeapAllocated = "junction.memory.heap.allocated", "By", Gauge, [], Status,
+        "agent (jemalloc stats.allocated, every 30 s)", "Bytes of the agent's own heap in live allocations; the C code's (the NVML library's) are not in it. Flat while the node is: growth with the same GPUs, processes and targets is a leak.";
+    HeapResident = "junction.memory.heap.resident", "By", Gauge, [], Status,
+        "agent (jemalloc stats.resident, every 30 s)", "Bytes of the pages backing the agent's own heap and the allocator's metadata, read after unused pages are handed back to the kernel.";
     NvmlTimeouts = "junction.nvml.timeouts", "{timeout}", Counter, [], Status,
         "agent", "NVML calls on this GPU that ran past call_timeout_ms.";
     NvmlStuck = "junction.nvml.stuck", "{state}", Gauge, [], Status,

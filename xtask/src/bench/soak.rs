@@ -64,6 +64,9 @@ pub struct Reading {
     pub series: usize,
     /// `junction_ebpf_processes`: processes the eBPF source tracks.
     pub tracked: f64,
+    /// `junction_memory_heap_allocated_bytes` and `…_resident_bytes`: the agent's own heap,
+    /// live and the pages under it, as jemalloc counts them (published every 30 s).
+    pub heap: (f64, f64),
 }
 
 /// One run's figures.
@@ -139,6 +142,9 @@ impl Run {
         Ok(())
     }
 }
+
+/// Bytes in a MiB.
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// Least-squares slope of y over x (0 for fewer than two points).
 pub fn slope(pts: &[(f64, f64)]) -> f64 {
@@ -431,6 +437,12 @@ pub fn run(
                         .iter()
                         .find(|s| s.name == "junction_ebpf_processes")
                         .map_or(f64::NAN, |s| s.value),
+                    heap: (
+                        testkit::prom::value(&series, "junction_memory_heap_allocated_bytes", &[])
+                            .unwrap_or(f64::NAN),
+                        testkit::prom::value(&series, "junction_memory_heap_resident_bytes", &[])
+                            .unwrap_or(f64::NAN),
+                    ),
                 });
             }
             tick += 1;
@@ -472,10 +484,14 @@ pub fn report(runs: &[Run], command: &str) -> String {
          and `ipmi_sim` polled every 5 s; OTLP/HTTP every second; `/metrics` scraped every 2 s.\n\
          The two runs go side by side, each agent watching its own device (`/dev/zero`,\n\
          `/dev/full`) and seeing only its own processes, each node on a PCI domain of its own.\n\
-         RSS (`VmRSS`), anonymous RSS, threads and descriptors from `/proc/PID`, series from the\n\
-         scrape, every 10 s; slopes are least-squares fits after the warm-up.\n\n\
-         | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope (MiB/h) | anon RSS slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+         RSS (`VmRSS`), anonymous RSS, threads and descriptors from `/proc/PID`, series and the\n\
+         agent's own heap from the scrape (`junction_memory_heap_allocated_bytes`: bytes in live\n\
+         allocations; `…_resident_bytes`: the pages under them after unused ones are handed\n\
+         back; jemalloc's counts, published every 30 s), every 10 s; slopes are least-squares\n\
+         fits after the warm-up. The live heap tells a structure that grows from pages the\n\
+         allocator and the kernel keep: RSS moves by half a MiB from one reading to the next.\n\n\
+         | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope (MiB/h) | anon RSS slope (MiB/h) | live heap after warm-up → end (MiB) | live heap slope (MiB/h) | heap resident slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in runs {
         let after: Vec<&Reading> = r
@@ -493,7 +509,7 @@ pub fn report(runs: &[Run], command: &str) -> String {
         };
         let mib = |k: u64| k as f64 / 1024.0;
         out.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {} | {} | {} ({:.1}) | {:.1} | {:.1} | {:+.2} | {:+.2} | {:.1} | {} | {} | {} | {:.0} |\n",
+            "| {} | {:.0} | {:.0} | {} | {} | {} ({:.1}) | {:.1} | {:.1} | {:+.2} | {:+.2} | {:.2} → {:.2} | {:+.3} | {:+.2} | {:.1} | {} | {} | {} | {:.0} |\n",
             r.label,
             r.minutes,
             r.warmup_secs / 60.0,
@@ -505,6 +521,10 @@ pub fn report(runs: &[Run], command: &str) -> String {
             after.last().map_or(0.0, |x| mib(x.rss_kib)),
             r.slope_per_hour(|x| mib(x.rss_kib)),
             r.slope_per_hour(|x| mib(x.anon_kib)),
+            after.first().map_or(f64::NAN, |x| x.heap.0 / MIB),
+            after.last().map_or(f64::NAN, |x| x.heap.0 / MIB),
+            r.slope_per_hour(|x| x.heap.0 / MIB),
+            r.slope_per_hour(|x| x.heap.1 / MIB),
             mib(r.peak_kib),
             range(&|x| x.threads),
             range(&|x| x.fds),
@@ -515,7 +535,7 @@ pub fn report(runs: &[Run], command: &str) -> String {
     let longest = runs.iter().map(|r| r.minutes).fold(0.0, f64::max) as u64;
     let step = if longest >= 20 { 5 } else { 1 };
     out.push_str(&format!(
-        "\nRSS over time (MiB), every {step} minute{} of each run:\n\n| minute |",
+        "\nRSS over time (MiB; the live heap in brackets), every {step} minute{} of each run:\n\n| minute |",
         if step == 1 { "" } else { "s" }
     ));
     for r in runs {
@@ -539,7 +559,11 @@ pub fn report(runs: &[Run], command: &str) -> String {
                 })
                 .filter(|x| (x.secs - m as f64 * 60.0).abs() < 30.0);
             match at {
-                Some(x) => out.push_str(&format!(" {:.1} |", x.rss_kib as f64 / 1024.0)),
+                Some(x) => out.push_str(&format!(
+                    " {:.1} ({:.2}) |",
+                    x.rss_kib as f64 / 1024.0,
+                    x.heap.0 / MIB
+                )),
                 None => out.push_str(" - |"),
             }
         }
