@@ -840,6 +840,70 @@ fn prometheus_scrapes_and_queries() {
     );
 }
 
+/// `/metrics` with `Accept-Encoding` as a scraper sends it: the page as gzip, with its
+/// `Content-Encoding` and `Vary`, to a peer that asks (Prometheus does, on every scrape); as
+/// text otherwise, and to a peer that refuses gzip (`q=0`). The gzip page is the same series.
+#[test]
+fn metrics_come_gzipped_to_a_scraper_that_asks() {
+    use std::io::Read as _;
+    let mut agent = Agent::start("h100-training.toml", "current");
+    let get = |accept: Option<&str>| {
+        let client: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        let mut req = client.get(&format!("http://127.0.0.1:{}/metrics", agent.port));
+        if let Some(a) = accept {
+            req = req.header("Accept-Encoding", a);
+        }
+        let mut resp = req.call().expect("scrape");
+        let header = |k: &str| {
+            resp.headers()
+                .get(k)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_ascii_lowercase()
+        };
+        let (encoding, vary) = (header("content-encoding"), header("vary"));
+        let body = resp.body_mut().read_to_vec().expect("body");
+        (encoding, vary, body)
+    };
+    // The series of a page: names and labels (values move between scrapes).
+    let keys = |text: &str| {
+        let mut k: Vec<String> = parse(text)
+            .iter()
+            .map(|s| format!("{}{:?}", s.name, s.labels))
+            .collect();
+        k.sort();
+        k
+    };
+    let (encoding, _, plain) = get(None);
+    assert_eq!(encoding, "", "no encoding asked, none given");
+    let plain = String::from_utf8(plain).expect("text");
+    let (encoding, vary, gz) = get(Some("gzip, deflate"));
+    assert_eq!(encoding, "gzip");
+    assert!(vary.contains("accept-encoding"), "Vary: {vary}");
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_string(&mut text)
+        .expect("a gzip body");
+    assert!(
+        gz.len() * 5 < text.len(),
+        "{} bytes compressed to {}",
+        text.len(),
+        gz.len()
+    );
+    assert_eq!(keys(&text), keys(&plain), "the same series, gzip or not");
+    let (encoding, _, refused) = get(Some("gzip;q=0, identity"));
+    assert_eq!(encoding, "", "gzip refused, text given");
+    assert!(
+        String::from_utf8(refused)
+            .expect("text")
+            .contains("gpu_info{")
+    );
+    assert!(agent.terminate().success(), "{}", agent.log());
+}
+
 /// A PCIe card's fans: each a component of its own (`hw.id` `<GPU UUID>/fan<N>`, `hw.type`
 /// fan, on its GPU), at the scenario's speed.
 #[test]

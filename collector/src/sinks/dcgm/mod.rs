@@ -114,9 +114,12 @@ pub const COMPONENT: Component = Component {
                 .with_state(served);
             let stop = ctx.shutdown.clone();
             Ok(tokio::spawn(async move {
-                if let Err(e) =
-                    super::prometheus::serve_app(listener, app, async move { stop.wait().await })
-                        .await
+                if let Err(e) = super::prometheus::serve_app(
+                    listener,
+                    super::prometheus::compressed(app),
+                    async move { stop.wait().await },
+                )
+                .await
                 {
                     tracing::warn!(error = %e, "dcgm listener ended with an error");
                 }

@@ -134,7 +134,23 @@ pub async fn serve(
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .with_state(model);
-    serve_app(listener, app, shutdown).await
+    serve_app(listener, compressed(app), shutdown).await
+}
+
+/// gzip's level for a page (as for OTLP requests): level 2 makes the 8-GPU node's 282 KB
+/// page about 19 KB at a fraction of the default level's CPU.
+const GZIP_LEVEL: i32 = 2;
+
+/// `app` answering with a gzip body to a peer that asks for one (`Accept-Encoding: gzip`,
+/// as Prometheus does on every scrape unless `enable_compression: false`), with `Vary:
+/// Accept-Encoding`; others get the text as it is. The 64-GPU node's page is 2.2 MB.
+pub fn compressed(app: Router) -> Router {
+    use tower_http::compression::{CompressionLayer, CompressionLevel};
+    app.layer(
+        CompressionLayer::new()
+            .gzip(true)
+            .quality(CompressionLevel::Precise(GZIP_LEVEL)),
+    )
 }
 
 /// Serves `app` with the same bounds (the dcgm-exporter listener shares them).
