@@ -169,6 +169,7 @@ impl Snapshot {
         View {
             by_metric,
             identity,
+            last: std::cell::Cell::new(0),
         }
     }
 }
@@ -178,6 +179,9 @@ impl Snapshot {
 pub struct View<'a> {
     by_metric: Vec<Vec<(&'a str, &'a Sample)>>,
     identity: Vec<(&'a str, &'a [(&'static str, AttrValue)])>,
+    /// Where in `identity` the last GPU was found: a metric's samples go GPU by GPU, so the
+    /// next is that one or the one after it (64 GPUs: no search of 64 on every series).
+    last: std::cell::Cell<usize>,
 }
 
 impl<'a> View<'a> {
@@ -208,10 +212,30 @@ impl<'a> View<'a> {
         }
         // The view's samples carry the snapshot's own strings: found by address, else by
         // value.
-        self.identity
+        let last = self.last.get();
+        let at = |i: usize| {
+            self.identity
+                .get(i)
+                .filter(|(id, _)| std::ptr::eq(id.as_ptr(), gpu.as_ptr()) && id.len() == gpu.len())
+        };
+        if let Some((_, i)) = at(last) {
+            return i;
+        }
+        if let Some((_, i)) = at(last + 1) {
+            self.last.set(last + 1);
+            return i;
+        }
+        match self
+            .identity
             .iter()
-            .find(|(id, _)| std::ptr::eq(id.as_ptr(), gpu.as_ptr()))
-            .or_else(|| self.identity.iter().find(|(id, _)| *id == gpu))
-            .map_or(&[], |(_, i)| *i)
+            .position(|(id, _)| std::ptr::eq(id.as_ptr(), gpu.as_ptr()))
+            .or_else(|| self.identity.iter().position(|(id, _)| *id == gpu))
+        {
+            Some(p) => {
+                self.last.set(p);
+                self.identity[p].1
+            }
+            None => &[],
+        }
     }
 }

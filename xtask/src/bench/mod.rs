@@ -24,16 +24,37 @@ mod soak;
 /// health) besides NVML.
 const ALL_SOURCES: &str =
     "junction, 8 GPUs, every default source as root (+ eBPF, kernel log; scraped)";
+/// The rows scraped with `Accept-Encoding: gzip`.
+const GZIP_8: &str = "junction, 8 GPUs, scraped asking for gzip (as Prometheus does)";
+const GZIP_64: &str = "junction, 64 GPUs, scraped asking for gzip (as Prometheus does)";
 
-/// One benchmark row: label, scenario, GPUs, port, scraped, OTLP compression (none: no OTLP).
+/// One benchmark row: label, scenario, GPUs, port, how it is scraped, OTLP compression
+/// (none: no OTLP).
 type Row = (
     &'static str,
     &'static str,
     u32,
     u16,
-    bool,
+    Scrape,
     Option<&'static str>,
 );
+
+/// How a measured process is scraped in its window.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Scrape {
+    /// Not at all.
+    No,
+    /// `/metrics` once a second, no `Accept-Encoding`: the text.
+    Text,
+    /// `/metrics` once a second with `Accept-Encoding: gzip`, as Prometheus asks.
+    Gzip,
+}
+
+impl From<bool> for Scrape {
+    fn from(scraped: bool) -> Self {
+        if scraped { Scrape::Text } else { Scrape::No }
+    }
+}
 
 /// What one measured process did.
 struct Measurement {
@@ -48,6 +69,9 @@ struct Measurement {
     series: usize,
     /// Bytes of one `/metrics` body.
     scrape_bytes: usize,
+    /// How it was scraped, and the bytes of one gzip body (with [`Scrape::Gzip`]).
+    scrape: Scrape,
+    scrape_gzip_bytes: usize,
     /// OTLP metric requests and their body bytes, for the OTLP rows.
     otlp: Option<(u64, u64)>,
     /// GPUs on the simulated node.
@@ -209,13 +233,13 @@ fn junction_rows(
     otlp_only: bool,
 ) -> Result<Vec<Measurement>> {
     let mut results = Vec::new();
-    let rows: [Row; 9] = [
+    let rows: [Row; 11] = [
         (
             "junction, 8 GPUs",
             "h100-training.toml",
             8,
             19481,
-            true,
+            Scrape::Text,
             None,
         ),
         (
@@ -223,24 +247,33 @@ fn junction_rows(
             "h100-training.toml",
             8,
             19484,
-            false,
+            Scrape::No,
             None,
         ),
-        ("junction, 64 GPUs", "h100-64.toml", 64, 19482, true, None),
+        (
+            "junction, 64 GPUs",
+            "h100-64.toml",
+            64,
+            19482,
+            Scrape::Text,
+            None,
+        ),
         (
             "junction, 64 GPUs, collection only (not scraped)",
             "h100-64.toml",
             64,
             19485,
-            false,
+            Scrape::No,
             None,
         ),
+        (GZIP_8, "h100-training.toml", 8, 19492, Scrape::Gzip, None),
+        (GZIP_64, "h100-64.toml", 64, 19493, Scrape::Gzip, None),
         (
             "junction, 8 GPUs, OTLP/HTTP gzip every 1 s (not scraped)",
             "h100-training.toml",
             8,
             19486,
-            false,
+            Scrape::No,
             Some("gzip"),
         ),
         (
@@ -248,7 +281,7 @@ fn junction_rows(
             "h100-training.toml",
             8,
             19487,
-            false,
+            Scrape::No,
             Some("none"),
         ),
         (
@@ -256,7 +289,7 @@ fn junction_rows(
             "h100-64.toml",
             64,
             19488,
-            false,
+            Scrape::No,
             Some("gzip"),
         ),
         (
@@ -264,10 +297,17 @@ fn junction_rows(
             "h100-64.toml",
             64,
             19489,
-            false,
+            Scrape::No,
             Some("none"),
         ),
-        (ALL_SOURCES, "h100-training.toml", 8, 19491, true, None),
+        (
+            ALL_SOURCES,
+            "h100-training.toml",
+            8,
+            19491,
+            Scrape::Text,
+            None,
+        ),
     ];
     for (label, scenario, gpus, port, scraped, compression) in rows {
         if otlp_only && label == ALL_SOURCES {
@@ -539,8 +579,9 @@ fn measure(
     mut child: Child,
     port: u16,
     window: Duration,
-    scraped: bool,
+    scraped: impl Into<Scrape>,
 ) -> Result<Measurement> {
+    let scraped = scraped.into();
     let pid = child.id();
     let result = (|| {
         let ready = Instant::now();
@@ -561,6 +602,11 @@ fn measure(
             .lines()
             .filter(|l| !l.starts_with('#') && !l.is_empty())
             .count();
+        let scrape_gzip_bytes = if scraped == Scrape::Gzip {
+            scrape_gzip(port)?
+        } else {
+            0
+        };
         let acct = CpuAcct::attach(pid);
         let acct0 = acct.as_ref().and_then(CpuAcct::secs);
         let cpu0 = cpu_secs(pid)?;
@@ -569,9 +615,16 @@ fn measure(
         let mut seconds = 0;
         let mut scrapes = 0;
         while start.elapsed() < window {
-            if scraped {
-                scrape(port)?;
-                scrapes += 1;
+            match scraped {
+                Scrape::No => {}
+                Scrape::Text => {
+                    scrape(port)?;
+                    scrapes += 1;
+                }
+                Scrape::Gzip => {
+                    scrape_gzip(port)?;
+                    scrapes += 1;
+                }
             }
             seconds += 1;
             std::thread::sleep(Duration::from_secs(seconds).saturating_sub(start.elapsed()));
@@ -597,6 +650,8 @@ fn measure(
             scrapes,
             series,
             scrape_bytes: body.len(),
+            scrape: scraped,
+            scrape_gzip_bytes,
             otlp: None,
             gpus: 0,
             threads,
@@ -607,6 +662,31 @@ fn measure(
         .status();
     let _ = child.wait();
     result
+}
+
+/// GET `/metrics` asking for gzip, as Prometheus does; the gzip body's bytes.
+fn scrape_gzip(port: u16) -> Result<usize> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept-Encoding: gzip\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("a response head")?;
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    if !head.starts_with("http/1.") || !head.contains(" 200 ") {
+        bail!("scrape failed: {}", head.lines().next().unwrap_or_default());
+    }
+    let body = &raw[end + 4..];
+    if !head.contains("content-encoding: gzip") || !body.starts_with(&[0x1f, 0x8b]) {
+        bail!("asked for gzip, got: {head}");
+    }
+    Ok(body.len())
 }
 
 fn scrape(port: u16) -> Result<String> {
@@ -805,10 +885,22 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
             .iter()
             .find(|m| m.gpus == gpus && m.label.contains("collection only"))
     };
-    let scraped = |gpus: u32| {
-        results
-            .iter()
-            .find(|m| m.gpus == gpus && m.scrapes > 0 && m.label.starts_with("junction"))
+    let scraped_as = |gpus: u32, how: Scrape| {
+        results.iter().find(move |m| {
+            m.gpus == gpus && m.scrape == how && m.scrapes > 0 && m.label.starts_with("junction")
+        })
+    };
+    let scraped = |gpus: u32| scraped_as(gpus, Scrape::Text);
+    // CPU per scrape of a row scraped `how`: the runtime's threads (hyper and the render, and
+    // gzip when asked), less what they did in the collection-only row, per scrape.
+    let cpu_scrape = |gpus: u32, how: Scrape| match (scraped_as(gpus, how), base(gpus)) {
+        (Some(s), Some(b)) => Some(
+            (s.thread_secs(SCRAPE_THREADS)
+                - b.thread_secs(SCRAPE_THREADS) * s.window.as_secs_f64() / b.window.as_secs_f64())
+                * 1000.0
+                / f64::from(s.scrapes.max(1)),
+        ),
+        _ => None,
     };
     let mut out = String::from(
         "\n## OTLP export\n\n\
@@ -836,9 +928,11 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
          64-GPU node gzip of the 2.38 MB request takes 1.7 ms in a warm loop on this machine,\n\
          where flate2's default miniz_oxide took 4.6 ms.\n\n\
          The last two columns are the whole agent's (collection and export): its CPU in percent of\n\
-         one core and its peak RSS (`VmHWM`).\n\n\
-         | GPUs | compression | bytes per export | data points | bytes per point | bytes per GPU per export | CPU ms per export | `/metrics` bytes | CPU ms per scrape | % of one core | peak RSS (MiB) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+         one core and its peak RSS (`VmHWM`). The scrape columns come from rows of their own, not\n\
+         exported: `/metrics` as text (no `Accept-Encoding`), and asking for gzip as Prometheus\n\
+         does on every scrape (`/metrics` answers it at the same level 2).\n\n\
+         | GPUs | compression | bytes per export | data points | bytes per point | bytes per GPU per export | CPU ms per export | `/metrics` bytes | CPU ms per scrape | `/metrics` gzip bytes | CPU ms per gzip scrape | % of one core | peak RSS (MiB) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for m in results {
         let Some((requests, bytes)) = m.otlp else {
@@ -849,19 +943,9 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
         // request; the scrape's are the runtime's (hyper and the render), less what they did
         // in the collection-only row, per scrape.
         let cpu_export = Some(m.thread_secs(EXPORT_THREADS) * 1000.0 / requests.max(1) as f64);
-        let cpu_scrape = match (scraped(m.gpus), base(m.gpus)) {
-            (Some(s), Some(b)) => Some(
-                (s.thread_secs(SCRAPE_THREADS)
-                    - b.thread_secs(SCRAPE_THREADS) * s.window.as_secs_f64()
-                        / b.window.as_secs_f64())
-                    * 1000.0
-                    / f64::from(s.scrapes.max(1)),
-            ),
-            _ => None,
-        };
         let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {} | {:.2} | {:.0} | {} | {} | {} | {:.2} | {:.1} |\n",
+            "| {} | {} | {:.0} | {} | {:.2} | {:.0} | {} | {} | {} | {} | {} | {:.2} | {:.1} |\n",
             m.gpus,
             if m.label.contains("gzip") {
                 "gzip"
@@ -874,7 +958,9 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
             per_export / f64::from(m.gpus.max(1)),
             fmt(cpu_export),
             scraped(m.gpus).map_or(0, |s| s.scrape_bytes),
-            fmt(cpu_scrape),
+            fmt(cpu_scrape(m.gpus, Scrape::Text)),
+            scraped_as(m.gpus, Scrape::Gzip).map_or(0, |s| s.scrape_gzip_bytes),
+            fmt(cpu_scrape(m.gpus, Scrape::Gzip)),
             m.core_percent(),
             m.peak_rss_kib as f64 / 1024.0,
         ));

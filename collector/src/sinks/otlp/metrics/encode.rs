@@ -59,26 +59,31 @@ fn encode_varint(mut v: u64, buf: &mut Vec<u8>) {
     buf.push(v as u8);
 }
 
+#[inline]
 fn key(buf: &mut Vec<u8>, number: u8, wire: u8) {
     debug_assert!(number < 16);
     buf.push((number << 3) | wire);
 }
 
+#[inline]
 fn len(buf: &mut Vec<u8>, number: u8, n: usize) {
     key(buf, number, LEN);
     encode_varint(n as u64, buf);
 }
 
+#[inline]
 fn string(buf: &mut Vec<u8>, number: u8, s: &str) {
     len(buf, number, s.len());
     buf.extend_from_slice(s.as_bytes());
 }
 
+#[inline]
 fn fixed64(buf: &mut Vec<u8>, number: u8, v: u64) {
     key(buf, number, FIXED64);
     buf.extend_from_slice(&v.to_le_bytes());
 }
 
+#[inline]
 fn varint(buf: &mut Vec<u8>, number: u8, v: u64) {
     key(buf, number, VARINT);
     encode_varint(v, buf);
@@ -90,6 +95,7 @@ fn key_value_len(k: &str, v: &str) -> usize {
 }
 
 /// Writes a `KeyValue` with a string value as field `number`.
+#[inline]
 fn key_value(buf: &mut Vec<u8>, number: u8, k: &str, v: &str) {
     len(buf, number, key_value_len(k, v));
     string(buf, 1, k);
@@ -183,13 +189,6 @@ impl HwIds {
     }
 }
 
-/// A `NumberDataPoint`'s bytes: its attributes, the start time (when set), the time and
-/// the value.
-fn point_len<'a>(attrs: impl Iterator<Item = (&'a str, &'a str)>, start: u64) -> usize {
-    let a: usize = attrs.map(|(k, v)| field(key_value_len(k, v))).sum();
-    a + times_len(start)
-}
-
 /// A `NumberDataPoint`'s start time (when set), time and value.
 fn times_len(start: u64) -> usize {
     (if start > 0 { 9 } else { 0 }) + 9 + 9
@@ -221,8 +220,14 @@ impl Identities {
         self.bytes.clear();
     }
 
-    /// The bytes of `attrs` (written on first use).
-    fn get(&mut self, attrs: &[(&'static str, crate::model::AttrValue)]) -> &[u8] {
+    /// The bytes of the identity numbered `i` by [`Identities::index`].
+    fn bytes(&self, i: u32) -> &[u8] {
+        let (_, from, to) = self.at[i as usize];
+        &self.bytes[from..to]
+    }
+
+    /// The number of `attrs`' bytes (written on first use).
+    fn index(&mut self, attrs: &[(&'static str, crate::model::AttrValue)]) -> u32 {
         let key = attrs.as_ptr() as usize;
         let i = match self.at.get(self.last) {
             Some((k, _, _)) if *k == key => self.last,
@@ -239,10 +244,75 @@ impl Identities {
             },
         };
         self.last = i;
-        let (_, from, to) = self.at[i];
-        &self.bytes[from..to]
+        i as u32
     }
 }
+
+/// At most this many constant attributes are kept (a few hundred: enum values, link and fan
+/// indices); past it, attributes are written as any other.
+const MAX_STATIC_ATTRIBUTES: usize = 4096;
+
+/// The `KeyValue`s (field 7 of a `NumberDataPoint`) whose key and value are both
+/// `&'static str`s (an enum value, an index name) as written, kept for the process: copied
+/// instead of written field by field on every point (the Prometheus sink keeps their text
+/// the same way).
+struct Statics {
+    /// By the key's and the value's address and length: where the bytes are in `bytes`.
+    at: HashMap<(usize, usize, usize, usize), (u32, u32), foldhash::fast::FixedState>,
+    bytes: Vec<u8>,
+}
+
+impl Statics {
+    fn new() -> Self {
+        Self {
+            at: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0)),
+            bytes: Vec::new(),
+        }
+    }
+
+    /// Appends the attribute `k = v` as field 7 to `buf`.
+    #[inline]
+    fn write(&mut self, buf: &mut Vec<u8>, k: &'static str, v: &crate::model::AttrValue) {
+        let std::borrow::Cow::Borrowed(v) = v else {
+            key_value(buf, 7, k, v);
+            return;
+        };
+        let id = (k.as_ptr() as usize, k.len(), v.as_ptr() as usize, v.len());
+        let (from, to) = match self.at.get(&id) {
+            Some(&(from, to)) => (from as usize, to as usize),
+            None if self.at.len() >= MAX_STATIC_ATTRIBUTES => {
+                key_value(buf, 7, k, v);
+                return;
+            }
+            None => {
+                let from = self.bytes.len();
+                key_value(&mut self.bytes, 7, k, v);
+                let to = self.bytes.len();
+                self.at.insert(id, (from as u32, to as u32));
+                (from, to)
+            }
+        };
+        buf.extend_from_slice(&self.bytes[from..to]);
+    }
+}
+
+/// A sample as pass 1 measured it, for pass 2.
+#[derive(Clone, Copy)]
+struct Point {
+    /// Bytes of its `NumberDataPoint` (0: left out, its value not finite).
+    n: u32,
+    /// Whether it carries `hw.id` = its GPU first.
+    hw_id: bool,
+    /// After its own attributes: [`NO_IDENTITY`], [`SOME_IDENTITY`] (the GPU's identity
+    /// attributes the sample does not name itself, written one by one), or the number of the
+    /// GPU's whole identity in [`Identities`].
+    identity: u32,
+}
+
+/// [`Point::identity`]: nothing after the sample's own attributes.
+const NO_IDENTITY: u32 = u32::MAX;
+/// [`Point::identity`]: the identity attributes the sample does not name.
+const SOME_IDENTITY: u32 = u32::MAX - 1;
 
 /// What a request is made of: the resource's attributes and schema URL, the scope.
 pub struct Envelope {
@@ -266,14 +336,17 @@ pub struct Encoder {
     /// Delta: each counter series' last value and the export that last saw it.
     previous: HashMap<u64, (f64, u64)>,
     generation: u64,
-    /// Per metric of the view: (registry index, bytes of its `Metric` message).
-    metrics: Vec<(usize, usize)>,
-    /// Per point: its bytes (0: left out).
-    points: Vec<usize>,
+    /// Per metric of the view: (registry index, bytes of its `Metric` message, bytes of its
+    /// data points).
+    metrics: Vec<(usize, usize, usize)>,
+    /// Per sample of the view, what pass 1 found (pass 2 writes from it).
+    points: Vec<Point>,
     /// Each GPU's `hw.id` attribute, written once per export.
     hw_ids: HwIds,
     /// Each GPU's identity attributes, written once per export.
     identities: Identities,
+    /// Constant attributes, written once for the process.
+    statics: Statics,
     buf: Vec<u8>,
 }
 
@@ -291,6 +364,7 @@ impl Encoder {
             points: Vec::new(),
             hw_ids: HwIds::new(),
             identities: Identities::new(),
+            statics: Statics::new(),
             buf: Vec::new(),
         }
     }
@@ -375,28 +449,49 @@ impl Encoder {
             let mut data = 0usize;
             for (gpu, s) in samples {
                 if !s.value.is_finite() {
-                    self.points.push(0);
+                    self.points.push(Point {
+                        n: 0,
+                        hw_id: false,
+                        identity: NO_IDENTITY,
+                    });
                     continue;
                 }
-                let extra = view.extra(i, gpu, s);
-                let n = if !extra.is_empty() && !names_identity(s) {
-                    // The GPU's identity, the same bytes on each of its points: measured once.
-                    let own: usize = s
-                        .attrs
-                        .iter()
-                        .map(|(k, v)| field(key_value_len(k, v)))
-                        .sum();
-                    let hw = if takes_hw_id(gpu, s) {
-                        field(key_value_len("hw.id", gpu))
-                    } else {
-                        0
-                    };
-                    hw + own + self.identities.get(extra).len() + times_len(start)
+                let own_id = s.attr("hw.id").is_some();
+                let hw_id = !gpu.is_empty() && !own_id;
+                let extra = if own_id {
+                    &[][..]
                 } else {
-                    let hw = takes_hw_id(gpu, s).then_some(("hw.id", *gpu));
-                    point_len(hw.into_iter().chain(own_then(extra, s)), start)
+                    view.identity_of(i, gpu)
                 };
-                self.points.push(n);
+                let mut n: usize = s
+                    .attrs
+                    .iter()
+                    .map(|(k, v)| field(key_value_len(k, v)))
+                    .sum();
+                if hw_id {
+                    n += field(key_value_len("hw.id", gpu));
+                }
+                let identity = if extra.is_empty() {
+                    NO_IDENTITY
+                } else if !names_identity(s) {
+                    // The GPU's identity, the same bytes on each of its points: measured once.
+                    let at = self.identities.index(extra);
+                    n += self.identities.bytes(at).len();
+                    at
+                } else {
+                    n += extra
+                        .iter()
+                        .filter(|(k, _)| s.attr(k).is_none())
+                        .map(|(k, v)| field(key_value_len(k, v)))
+                        .sum::<usize>();
+                    SOME_IDENTITY
+                };
+                n += times_len(start);
+                self.points.push(Point {
+                    n: u32::try_from(n).unwrap_or(u32::MAX),
+                    hw_id,
+                    identity,
+                });
                 data += field(n);
                 count += 1;
             }
@@ -410,7 +505,7 @@ impl Encoder {
                 Kind::UpDownCounter => data + 2,
             };
             let m = field(d.name.len()) + field(d.help.len()) + field(d.unit.len()) + field(body);
-            self.metrics.push((i, m));
+            self.metrics.push((i, m, data));
             scope_metrics += field(m);
         }
         let (scope_name, scope_version) = &self.envelope.scope;
@@ -445,13 +540,13 @@ impl Encoder {
         for (i, samples) in view.iter() {
             let sizes = &points[p..p + samples.len()];
             p += samples.len();
-            let Some(&(mi, m)) = self.metrics.get(next_metric).filter(|(mi, _)| *mi == i) else {
+            let Some(&(mi, m, data)) = self.metrics.get(next_metric).filter(|(mi, _, _)| *mi == i)
+            else {
                 continue;
             };
             next_metric += 1;
             let d = &REGISTRY[mi];
             let start = self.start(d.kind);
-            let data: usize = sizes.iter().filter(|n| **n > 0).map(|n| field(*n)).sum();
             len(&mut buf, 2, m);
             string(&mut buf, 1, d.name);
             string(&mut buf, 2, d.help);
@@ -461,8 +556,8 @@ impl Encoder {
                 Kind::Counter => len(&mut buf, 7, data + 4),
                 Kind::UpDownCounter => len(&mut buf, 7, data + 2),
             }
-            for ((gpu, s), &n) in samples.iter().zip(sizes) {
-                if n == 0 {
+            for ((gpu, s), p) in samples.iter().zip(sizes) {
+                if p.n == 0 {
                     continue;
                 }
                 let value = if self.delta && d.kind == Kind::Counter {
@@ -470,20 +565,23 @@ impl Encoder {
                 } else {
                     s.value
                 };
-                len(&mut buf, 1, n);
-                if takes_hw_id(gpu, s) {
+                len(&mut buf, 1, p.n as usize);
+                if p.hw_id {
                     self.hw_ids.write(&mut buf, gpu);
                 }
-                let extra = view.extra(i, gpu, s);
-                if !extra.is_empty() && !names_identity(s) {
-                    for (k, v) in &s.attrs {
-                        key_value(&mut buf, 7, k, v);
+                for (k, v) in &s.attrs {
+                    self.statics.write(&mut buf, k, v);
+                }
+                match p.identity {
+                    NO_IDENTITY => {}
+                    SOME_IDENTITY => {
+                        for (k, v) in view.identity_of(i, gpu) {
+                            if s.attr(k).is_none() {
+                                key_value(&mut buf, 7, k, v);
+                            }
+                        }
                     }
-                    buf.extend_from_slice(self.identities.get(extra));
-                } else {
-                    for (k, v) in own_then(extra, s) {
-                        key_value(&mut buf, 7, k, v);
-                    }
+                    at => buf.extend_from_slice(self.identities.bytes(at)),
                 }
                 if start > 0 {
                     fixed64(&mut buf, 2, start);
