@@ -842,17 +842,18 @@ fn prometheus_scrapes_and_queries() {
 
 /// `/metrics` with `Accept-Encoding` as a scraper sends it: the page as gzip, with its
 /// `Content-Encoding` and `Vary`, to a peer that asks (Prometheus does, on every scrape); as
-/// text otherwise, and to a peer that refuses gzip (`q=0`). The gzip page is the same series.
+/// text otherwise, to a peer that refuses gzip (`q=0`), and with `sinks.prometheus.gzip =
+/// false`. The gzip page is the same series.
 #[test]
 fn metrics_come_gzipped_to_a_scraper_that_asks() {
     use std::io::Read as _;
     let mut agent = Agent::start("h100-training.toml", "current");
-    let get = |accept: Option<&str>| {
+    let get_from = |port: u16, accept: Option<&str>| {
         let client: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(10)))
             .build()
             .into();
-        let mut req = client.get(&format!("http://127.0.0.1:{}/metrics", agent.port));
+        let mut req = client.get(&format!("http://127.0.0.1:{port}/metrics"));
         if let Some(a) = accept {
             req = req.header("Accept-Encoding", a);
         }
@@ -868,6 +869,7 @@ fn metrics_come_gzipped_to_a_scraper_that_asks() {
         let body = resp.body_mut().read_to_vec().expect("body");
         (encoding, vary, body)
     };
+    let get = |accept: Option<&str>| get_from(agent.port, accept);
     // The series of a page: names and labels (values move between scrapes).
     let keys = |text: &str| {
         let mut k: Vec<String> = parse(text)
@@ -902,6 +904,16 @@ fn metrics_come_gzipped_to_a_scraper_that_asks() {
             .contains("gpu_info{")
     );
     assert!(agent.terminate().success(), "{}", agent.log());
+    // Turned off: text to every scraper.
+    let port = support::free_port();
+    let config = support::sim_config("current", port, "")
+        .replace("[sinks.prometheus]\n", "[sinks.prometheus]\ngzip = false\n");
+    let mut plain = Agent::spawn_config("h100-training.toml", &config);
+    plain.wait_for(Duration::from_secs(30), |m| m.contains("gpu_info{"));
+    let (encoding, _, body) = get_from(port, Some("gzip"));
+    assert_eq!(encoding, "", "gzip off, text given");
+    assert!(String::from_utf8(body).expect("text").contains("gpu_info{"));
+    assert!(plain.terminate().success(), "{}", plain.log());
 }
 
 /// A PCIe card's fans: each a component of its own (`hw.id` `<GPU UUID>/fan<N>`, `hw.type`

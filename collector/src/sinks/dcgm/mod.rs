@@ -45,6 +45,9 @@ config_section! {
         /// dcgm-exporter's `--hpc-job-mapping-dir`: a file per GPU index, each holding the job
         /// ids on that GPU (written by Slurm prolog/epilog): the `hpc_job` label. "": none.
         pub hpc_job_mapping_dir: String = String::new(),
+        /// Answer a scraper that asks for gzip with a gzip page (as `sinks.prometheus.gzip`).
+        /// Default: true.
+        pub gzip: bool = true,
     }
 }
 
@@ -113,13 +116,11 @@ pub const COMPONENT: Component = Component {
                 .route("/metrics", get(metrics))
                 .with_state(served);
             let stop = ctx.shutdown.clone();
+            let app = super::prometheus::compressed(app, cfg.gzip);
             Ok(tokio::spawn(async move {
-                if let Err(e) = super::prometheus::serve_app(
-                    listener,
-                    super::prometheus::compressed(app),
-                    async move { stop.wait().await },
-                )
-                .await
+                if let Err(e) =
+                    super::prometheus::serve_app(listener, app, async move { stop.wait().await })
+                        .await
                 {
                     tracing::warn!(error = %e, "dcgm listener ended with an error");
                 }

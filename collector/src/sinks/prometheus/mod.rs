@@ -32,8 +32,11 @@ pub const COMPONENT: Component = Component {
             })?;
             tracing::info!(listen = %listen, "serving /metrics and /healthz");
             let stop = ctx.shutdown.clone();
+            let gzip = c.sinks.prometheus.gzip;
             Ok(tokio::spawn(async move {
-                if let Err(e) = serve(listener, ctx.model, async move { stop.wait().await }).await {
+                if let Err(e) =
+                    serve(listener, ctx.model, gzip, async move { stop.wait().await }).await
+                {
                     tracing::warn!(error = %e, "HTTP server ended with an error");
                 }
             }))
@@ -128,13 +131,14 @@ pub const MAX_REQUEST_HEAD: usize = 8192;
 pub async fn serve(
     listener: tokio::net::TcpListener,
     model: Arc<Model>,
+    gzip: bool,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .with_state(model);
-    serve_app(listener, compressed(app), shutdown).await
+    serve_app(listener, compressed(app, gzip), shutdown).await
 }
 
 /// gzip's level for a page (as for OTLP requests): level 2 makes the 8-GPU node's 282 KB
@@ -144,8 +148,12 @@ const GZIP_LEVEL: i32 = 2;
 /// `app` answering with a gzip body to a peer that asks for one (`Accept-Encoding: gzip`,
 /// as Prometheus does on every scrape unless `enable_compression: false`), with `Vary:
 /// Accept-Encoding`; others get the text as it is. The 64-GPU node's page is 2.2 MB.
-pub fn compressed(app: Router) -> Router {
+/// Without `gzip`, `app` as it is (always text).
+pub fn compressed(app: Router, gzip: bool) -> Router {
     use tower_http::compression::{CompressionLayer, CompressionLevel};
+    if !gzip {
+        return app;
+    }
     app.layer(
         CompressionLayer::new()
             .gzip(true)
