@@ -916,15 +916,20 @@ fn otlp_report(results: &[Measurement], command: &str) -> String {
          request straight from the model's snapshot, as `/metrics` writes its text: with gzip\n\
          into the compressor in 64 KiB pieces as it goes (flate2 over zlib-rs, level 2, one\n\
          compressor reset for each export), so the whole uncompressed request is never held;\n\
-         without, into a buffer kept across exports that the sender borrows. Where the instructions go (callgrind on the running\n\
-         agent, 8-GPU node, OTLP/HTTP gzip and `/metrics` each once a second, 21 exports and 20\n\
-         scrapes): an export 5.9 M instructions, of which the protobuf encode 2.12 M (each GPU's\n\
-         identity attributes written once an export) and gzip 3.59 M on the export's thread; a scrape\n\
-         1.44 M, of which the text render 1.17 M and taking the snapshot the rest. gzip alone\n\
-         takes two and a half scrapes: with it, an export cannot cost what a scrape does at this\n\
-         body size (146 bytes a point before it, the hardware conventions' identity attributes\n\
-         on every GPU series). Level 1 would cut gzip by a quarter and make the body 13 % larger\n\
-         (10.3 bytes a point on the 8-GPU node, over the 10 a point aimed for). On the\n\
+         without, into a buffer kept across exports that the sender borrows. Where the instructions go\n\
+         (callgrind on the running agent, 8-GPU node, OTLP/HTTP gzip once a second, `/metrics`\n\
+         scraped once a second as text and once asking for gzip; 29 exports, 41 renders): an\n\
+         export 5.38 M instructions on its thread, of which the protobuf encode 1.31 M (was\n\
+         2.12 M: what the first pass finds about each point is kept for the second, constant\n\
+         attributes are copied, each GPU's identity written once an export), gzip 3.82 M and\n\
+         taking the snapshot 0.24 M; a text scrape 1.6 M (the render and its snapshot); a scrape\n\
+         asking for gzip 5.6 M (the same, and 3.5 M of gzip and 0.45 M to set up its compressor,\n\
+         tower-http's, made anew for each answer). gzip at level 2 costs what it costs on either\n\
+         side, two and a half text scrapes: against a scrape that asks for gzip, as Prometheus\n\
+         does, an export costs about as much; against a text scrape, it cannot. Level 1 would cut\n\
+         gzip by a quarter and make the body 13 % larger (10.3 bytes a point on the 8-GPU node,\n\
+         over the 10 a point aimed for). The 64-GPU request's encode (`junction once --format\n\
+         otlp`, callgrind): 11.06 M instructions, was 18.17 M. On the\n\
          64-GPU node gzip of the 2.38 MB request takes 1.7 ms in a warm loop on this machine,\n\
          where flate2's default miniz_oxide took 4.6 ms.\n\n\
          The last two columns are the whole agent's (collection and export): its CPU in percent of\n\
