@@ -226,7 +226,7 @@ impl Identities {
         &self.bytes[from..to]
     }
 
-    /// The number of `attrs`' bytes (written on first use).
+    /// The number under which `attrs`' bytes are kept (written on first use).
     fn index(&mut self, attrs: &[(&'static str, crate::model::AttrValue)]) -> u32 {
         let key = attrs.as_ptr() as usize;
         let i = match self.at.get(self.last) {

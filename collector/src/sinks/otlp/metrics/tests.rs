@@ -309,3 +309,27 @@ fn delta_reports_each_counters_increase_and_forgets_series_that_went() {
         (0.0, 40, 50)
     );
 }
+
+#[test]
+fn constant_attributes_are_kept_up_to_a_bound_and_written_as_any_other_past_it() {
+    // More distinct constant attributes than are kept: each is written the same bytes either
+    // way, and the cache stops at its bound.
+    let mut statics = Statics::new();
+    let values: Vec<&'static str> = (0..MAX_STATIC_ATTRIBUTES + 100)
+        .map(|i| &*Box::leak(format!("v{i}").into_boxed_str()))
+        .collect();
+    for round in 0..2 {
+        for v in &values {
+            let value: crate::model::AttrValue = std::borrow::Cow::Borrowed(*v);
+            let (mut cached, mut plain) = (Vec::new(), Vec::new());
+            statics.write(&mut cached, "gpu.nvlink.link", &value);
+            key_value(&mut plain, 7, "gpu.nvlink.link", v);
+            assert_eq!(cached, plain, "{v}, round {round}");
+        }
+    }
+    assert_eq!(statics.at.len(), MAX_STATIC_ATTRIBUTES);
+    // An owned value (a UUID, a process name) is never kept.
+    let owned: crate::model::AttrValue = String::from("GPU-1").into();
+    statics.write(&mut Vec::new(), "hw.id", &owned);
+    assert_eq!(statics.at.len(), MAX_STATIC_ATTRIBUTES);
+}
