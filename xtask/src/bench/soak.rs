@@ -278,13 +278,16 @@ pub fn run(
     let ipmi = testkit::bmc::IpmiSim::try_start(&emu).map_err(anyhow::Error::msg)?;
     let pw = dir.join("ipmi-password");
     std::fs::write(&pw, "monpass\n")?;
-    let kmsg = testkit::kmsg::writable();
+    let kmsg = testkit::kmsg::writable() && !kmsg_off();
     let log = dir.join("kern.log");
     std::fs::write(&log, "")?;
     let mut cfg = format!(
         "state_dir = {:?}\n",
         dir.join("state").display().to_string()
     );
+    if let Some(bytes) = history_max_bytes() {
+        cfg.push_str(&format!("\n[health]\nhistory_max_bytes = {bytes}\n\n"));
+    }
     cfg.push_str(&sim_config(lib, &format!("127.0.0.1:{port}"), 1));
     cfg.push_str(&format!(
         "\n[sources.ebpf]\nwatch_devices = [{:?}]\ninterval_secs = 1\n\n\
@@ -471,6 +474,38 @@ pub fn run(
     result
 }
 
+/// `JUNCTION_SOAK_KMSG=off`: neither run writes or reads `/dev/kmsg` (each writes its Xid
+/// lines to a kernel-log file of its own), so that a soak can run beside the tests, which
+/// write the kernel log.
+fn kmsg_off() -> bool {
+    std::env::var("JUNCTION_SOAK_KMSG").is_ok_and(|v| v == "off")
+}
+
+/// `JUNCTION_SOAK_HISTORY_MAX_BYTES=N`: the agents' `health.history_max_bytes` (the event
+/// history, which the soak's Xid every 10 s fills toward its bound, 4 MiB by default: with N
+/// small it is at its bound within the warm-up, and what else grows shows).
+fn history_max_bytes() -> Option<u64> {
+    std::env::var("JUNCTION_SOAK_HISTORY_MAX_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+/// What a soak run with the environment's options changed, in words ("" when none).
+fn options() -> String {
+    let mut out = Vec::new();
+    if kmsg_off() {
+        out.push("`JUNCTION_SOAK_KMSG=off`: both runs write their Xid lines to files of their own and neither agent reads `/dev/kmsg`".to_string());
+    }
+    if let Some(b) = history_max_bytes() {
+        out.push(format!("`JUNCTION_SOAK_HISTORY_MAX_BYTES={b}`: the agents' event history bound (`health.history_max_bytes`) is {b} bytes instead of 4 MiB"));
+    }
+    if out.is_empty() {
+        String::new()
+    } else {
+        format!(" Options of this run: {}.", out.join("; "))
+    }
+}
+
 /// The BENCHMARKS.md section.
 pub fn report(runs: &[Run], command: &str) -> String {
     let mut out = format!(
@@ -489,9 +524,10 @@ pub fn report(runs: &[Run], command: &str) -> String {
          allocations; `…_resident_bytes`: the pages under them after unused ones are handed\n\
          back; jemalloc's counts, published every 30 s), every 10 s; slopes are least-squares\n\
          fits after the warm-up. The live heap tells a structure that grows from pages the\n\
-         allocator and the kernel keep: RSS moves by half a MiB from one reading to the next.\n\n\
+         allocator and the kernel keep: RSS moves by half a MiB from one reading to the next.{}\n\n\
          | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope (MiB/h) | anon RSS slope (MiB/h) | live heap after warm-up → end (MiB) | live heap slope (MiB/h) | heap resident slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        options()
     );
     for r in runs {
         let after: Vec<&Reading> = r
