@@ -148,15 +148,21 @@ pub fn heap() -> Option<(u64, u64)> {
 }
 
 /// Publishes [`heap`] as `junction.memory.heap.*` (after a release: the resident figure is
-/// the heap with its unused pages handed back, what the next growth starts from).
+/// the heap with its unused pages handed back, what the next growth starts from), and the
+/// event history's share of it as `junction.history.memory`.
 fn publish_heap(model: &crate::model::Model) {
     use crate::model::{Metric, Sample};
-    let samples = heap().map_or_else(Vec::new, |(allocated, resident)| {
+    let mut samples = heap().map_or_else(Vec::new, |(allocated, resident)| {
         vec![
             Sample::new(Metric::HeapAllocated, allocated as f64),
             Sample::new(Metric::HeapResident, resident as f64),
         ]
     });
+    // The largest part of the heap that grows by design (up to its bound), beside it.
+    samples.push(Sample::new(
+        Metric::HistoryMemory,
+        model.history.memory() as f64,
+    ));
     model.publish("agent", "heap", samples);
 }
 

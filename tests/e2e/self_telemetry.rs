@@ -162,5 +162,12 @@ fn the_agents_own_heap_is_on_metrics_and_within_its_rss() {
         "resident {resident} < allocated {allocated}"
     );
     assert!(resident < rss, "heap resident {resident} >= RSS {rss}");
+    // The event history's share of the live heap (the agent's first start in this state
+    // directory is in it).
+    let history = support::value(&s, "junction_history_memory_bytes", &[]).expect("history");
+    assert!(
+        history > 0.0 && history < allocated,
+        "history {history} of {allocated}"
+    );
     assert!(agent.terminate().success(), "{}", agent.log());
 }

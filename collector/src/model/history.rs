@@ -192,11 +192,51 @@ impl History {
     pub fn entries(&self) -> Arc<Vec<Entry>> {
         lock(&self.inner).entries.clone()
     }
+
+    /// Bytes the history holds in memory: its entries (the list's whole capacity) and their
+    /// strings' buffers. What the bound on the file's size (`health.history_max_bytes`)
+    /// comes to in the heap.
+    pub fn memory(&self) -> u64 {
+        let i = lock(&self.inner);
+        let strings: usize = i
+            .entries
+            .iter()
+            .map(|e| {
+                e.boot.capacity()
+                    + e.id.capacity()
+                    + e.kind.capacity()
+                    + e.code.capacity()
+                    + e.detail.capacity()
+            })
+            .sum();
+        (i.entries.capacity() * std::mem::size_of::<Entry>() + strings) as u64
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_counts_the_entries_and_their_strings() {
+        let h = History::new(64 * 1024, Duration::from_secs(86400));
+        assert_eq!(h.memory(), 0);
+        h.append(Entry::now("boot", "GPU-1", "xid", "79", "fell off the bus"));
+        let one = h.memory();
+        assert!(
+            one >= (std::mem::size_of::<Entry>() + "bootGPU-1xid79fell off the bus".len()) as u64,
+            "{one}"
+        );
+        for _ in 0..99 {
+            h.append(Entry::now("boot", "GPU-1", "xid", "79", "fell off the bus"));
+        }
+        let each = (std::mem::size_of::<Entry>() + "bootGPU-1xid79fell off the bus".len()) as u64;
+        assert!(
+            (100 * each..4 * 100 * each).contains(&h.memory()),
+            "{} for 100 entries of at least {each}",
+            h.memory()
+        );
+    }
 
     #[test]
     fn entries_are_shared_until_the_next_change() {

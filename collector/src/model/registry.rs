@@ -424,6 +424,8 @@ registry! {
         "agent (jemalloc stats.allocated, every 30 s)", "Bytes of the agent's own heap in live allocations; the C code's (the NVML library's) are not in it. Flat while the node is: growth with the same GPUs, processes and targets is a leak.";
     HeapResident = "junction.memory.heap.resident", "By", Gauge, [], Status,
         "agent (jemalloc stats.resident, every 30 s)", "Bytes of the pages backing the agent's own heap and the allocator's metadata, read after unused pages are handed back to the kernel.";
+    HistoryMemory = "junction.history.memory", "By", Gauge, [], Status,
+        "agent (the event history's entries and their strings, every 30 s)", "Bytes the event history (history.jsonl, kept in memory for the health rules) holds in the heap; it grows with XIDs, SXids, signatures and health transitions until health.history_max_bytes drops the oldest half.";
     NvmlTimeouts = "junction.nvml.timeouts", "{timeout}", Counter, [], Status,
         "agent", "NVML calls on this GPU that ran past call_timeout_ms.";
     NvmlStuck = "junction.nvml.stuck", "{state}", Gauge, [], Status,

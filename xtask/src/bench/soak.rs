@@ -67,6 +67,8 @@ pub struct Reading {
     /// `junction_memory_heap_allocated_bytes` and `…_resident_bytes`: the agent's own heap,
     /// live and the pages under it, as jemalloc counts them (published every 30 s).
     pub heap: (f64, f64),
+    /// `junction_history_memory_bytes`: the event history's share of the live heap.
+    pub history: f64,
 }
 
 /// One run's figures.
@@ -446,6 +448,8 @@ pub fn run(
                         testkit::prom::value(&series, "junction_memory_heap_resident_bytes", &[])
                             .unwrap_or(f64::NAN),
                     ),
+                    history: testkit::prom::value(&series, "junction_history_memory_bytes", &[])
+                        .unwrap_or(f64::NAN),
                 });
             }
             tick += 1;
@@ -522,11 +526,12 @@ pub fn report(runs: &[Run], command: &str) -> String {
          RSS (`VmRSS`), anonymous RSS, threads and descriptors from `/proc/PID`, series and the\n\
          agent's own heap from the scrape (`junction_memory_heap_allocated_bytes`: bytes in live\n\
          allocations; `…_resident_bytes`: the pages under them after unused ones are handed\n\
-         back; jemalloc's counts, published every 30 s), every 10 s; slopes are least-squares\n\
-         fits after the warm-up. The live heap tells a structure that grows from pages the\n\
+         back; jemalloc's counts, published every 30 s) and the event history's share of the live\n\
+         heap (`junction_history_memory_bytes`, which grows by design until its bound), every\n\
+         10 s; slopes are least-squares fits after the warm-up. The live heap tells a structure that grows from pages the\n\
          allocator and the kernel keep: RSS moves by half a MiB from one reading to the next.{}\n\n\
-         | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope (MiB/h) | anon RSS slope (MiB/h) | live heap after warm-up → end (MiB) | live heap slope (MiB/h) | heap resident slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope (MiB/h) | anon RSS slope (MiB/h) | live heap after warm-up → end (MiB) | live heap slope (MiB/h) | live heap less the event history, slope (MiB/h) | heap resident slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         options()
     );
     for r in runs {
@@ -545,7 +550,7 @@ pub fn report(runs: &[Run], command: &str) -> String {
         };
         let mib = |k: u64| k as f64 / 1024.0;
         out.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {} | {} | {} ({:.1}) | {:.1} | {:.1} | {:+.2} | {:+.2} | {:.2} → {:.2} | {:+.3} | {:+.2} | {:.1} | {} | {} | {} | {:.0} |\n",
+            "| {} | {:.0} | {:.0} | {} | {} | {} ({:.1}) | {:.1} | {:.1} | {:+.2} | {:+.2} | {:.2} → {:.2} | {:+.3} | {:+.3} | {:+.2} | {:.1} | {} | {} | {} | {:.0} |\n",
             r.label,
             r.minutes,
             r.warmup_secs / 60.0,
@@ -560,6 +565,7 @@ pub fn report(runs: &[Run], command: &str) -> String {
             after.first().map_or(f64::NAN, |x| x.heap.0 / MIB),
             after.last().map_or(f64::NAN, |x| x.heap.0 / MIB),
             r.slope_per_hour(|x| x.heap.0 / MIB),
+            r.slope_per_hour(|x| (x.heap.0 - x.history) / MIB),
             r.slope_per_hour(|x| x.heap.1 / MIB),
             mib(r.peak_kib),
             range(&|x| x.threads),
