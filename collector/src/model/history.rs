@@ -221,16 +221,14 @@ mod tests {
     fn memory_counts_the_entries_and_their_strings() {
         let h = History::new(64 * 1024, Duration::from_secs(86400));
         assert_eq!(h.memory(), 0);
+        // An entry and its strings' bytes, at least.
+        let each = (std::mem::size_of::<Entry>() + "bootGPU-1xid79fell off the bus".len()) as u64;
         h.append(Entry::now("boot", "GPU-1", "xid", "79", "fell off the bus"));
         let one = h.memory();
-        assert!(
-            one >= (std::mem::size_of::<Entry>() + "bootGPU-1xid79fell off the bus".len()) as u64,
-            "{one}"
-        );
+        assert!(one >= each, "{one}");
         for _ in 0..99 {
             h.append(Entry::now("boot", "GPU-1", "xid", "79", "fell off the bus"));
         }
-        let each = (std::mem::size_of::<Entry>() + "bootGPU-1xid79fell off the bus".len()) as u64;
         assert!(
             (100 * each..4 * 100 * each).contains(&h.memory()),
             "{} for 100 entries of at least {each}",

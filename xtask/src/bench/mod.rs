@@ -24,9 +24,6 @@ mod soak;
 /// health) besides NVML.
 const ALL_SOURCES: &str =
     "junction, 8 GPUs, every default source as root (+ eBPF, kernel log; scraped)";
-/// The rows scraped with `Accept-Encoding: gzip`.
-const GZIP_8: &str = "junction, 8 GPUs, scraped asking for gzip (as Prometheus does)";
-const GZIP_64: &str = "junction, 64 GPUs, scraped asking for gzip (as Prometheus does)";
 
 /// One benchmark row: label, scenario, GPUs, port, how it is scraped, OTLP compression
 /// (none: no OTLP).
@@ -266,8 +263,22 @@ fn junction_rows(
             Scrape::No,
             None,
         ),
-        (GZIP_8, "h100-training.toml", 8, 19492, Scrape::Gzip, None),
-        (GZIP_64, "h100-64.toml", 64, 19493, Scrape::Gzip, None),
+        (
+            "junction, 8 GPUs, scraped asking for gzip (as Prometheus does)",
+            "h100-training.toml",
+            8,
+            19492,
+            Scrape::Gzip,
+            None,
+        ),
+        (
+            "junction, 64 GPUs, scraped asking for gzip (as Prometheus does)",
+            "h100-64.toml",
+            64,
+            19493,
+            Scrape::Gzip,
+            None,
+        ),
         (
             "junction, 8 GPUs, OTLP/HTTP gzip every 1 s (not scraped)",
             "h100-training.toml",

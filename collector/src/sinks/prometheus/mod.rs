@@ -141,10 +141,6 @@ pub async fn serve(
     serve_app(listener, compressed(app, gzip), shutdown).await
 }
 
-/// gzip's level for a page (as for OTLP requests): level 2 makes the 8-GPU node's 282 KB
-/// page about 19 KB at a fraction of the default level's CPU.
-const GZIP_LEVEL: i32 = 2;
-
 /// `app` answering with a gzip body to a peer that asks for one (`Accept-Encoding: gzip`,
 /// as Prometheus does on every scrape unless `enable_compression: false`), with `Vary:
 /// Accept-Encoding`; others get the text as it is. The 64-GPU node's page is 2.2 MB.
@@ -157,7 +153,7 @@ pub fn compressed(app: Router, gzip: bool) -> Router {
     app.layer(
         CompressionLayer::new()
             .gzip(true)
-            .quality(CompressionLevel::Precise(GZIP_LEVEL)),
+            .quality(CompressionLevel::Precise(crate::sinks::GZIP_LEVEL as i32)),
     )
 }
 

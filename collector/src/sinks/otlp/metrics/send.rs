@@ -290,7 +290,7 @@ pub struct Gzip {
 impl Gzip {
     fn new() -> Self {
         Self {
-            z: flate2::Compress::new_gzip(flate2::Compression::new(2), 15),
+            z: flate2::Compress::new_gzip(flate2::Compression::new(crate::sinks::GZIP_LEVEL), 15),
             out: Vec::new(),
             failed: None,
         }
