@@ -70,7 +70,10 @@ pub struct Signature {
     pub id: &'static str,
     /// Literals, one of which every matching line contains.
     pub anchors: &'static [&'static str],
-    /// The pattern (searched, not anchored).
+    /// The pattern (searched, not anchored). No counted repetition of a wide class
+    /// (`.{1,64}`, `[^)]{1,32}`): the compiled pattern holds a copy of the class for each
+    /// count, and one such pattern took a megabyte of the agent's heap. A capture's length
+    /// is bounded where it is taken (`sources::kmsg::signatures::find`).
     pub pattern: &'static str,
     /// What it names.
     pub target: Target,
@@ -223,7 +226,7 @@ pub static CATALOG: &[Signature] = &[
     Signature {
         id: "fabric_probe_failed",
         anchors: &["Fabric Probe failed: 0x"],
-        pattern: r"NVRM: (?:GPU[0-9]{1,3} )?[A-Za-z0-9_]{1,64}: Fabric Probe failed: 0x[0-9a-fA-F]{1,8}",
+        pattern: r"NVRM: (?:GPU[0-9]{1,3} )?[A-Za-z0-9_]+: Fabric Probe failed: 0x[0-9a-fA-F]{1,8}",
         target: Target::Node,
         level: Level::Error,
         effect: Effect::NodeReason("fabric_probe_failed"),
@@ -293,7 +296,7 @@ pub static CATALOG: &[Signature] = &[
     Signature {
         id: "nvidia_module_load_failed",
         anchors: &["Unknown symbol", "disagrees about version of symbol"],
-        pattern: r"^(?P<module>nvidia_peermem|nvidia_fs|nvidia_uvm|nvidia_drm|nvidia_modeset|nvidia): (?:Unknown symbol [A-Za-z0-9_]{1,64} \(err -?[0-9]{1,5}\)|disagrees about version of symbol [A-Za-z0-9_]{1,64})",
+        pattern: r"^(?P<module>nvidia_peermem|nvidia_fs|nvidia_uvm|nvidia_drm|nvidia_modeset|nvidia): (?:Unknown symbol [A-Za-z0-9_]+ \(err -?[0-9]{1,5}\)|disagrees about version of symbol [A-Za-z0-9_]+)",
         target: Target::Node,
         level: Level::Error,
         effect: Effect::NodeReason("nvidia_module_load_failed"),
@@ -389,7 +392,7 @@ pub static CATALOG: &[Signature] = &[
     Signature {
         id: "oom_kill",
         anchors: &["Killed process"],
-        pattern: r"(?P<scope>Memory cgroup out of memory|Out of memory): Killed process (?P<pid>[0-9]{1,10}) \((?P<comm>[^)]{1,64})\)",
+        pattern: r"(?P<scope>Memory cgroup out of memory|Out of memory): Killed process (?P<pid>[0-9]{1,10}) \((?P<comm>[^)]+)\)",
         target: Target::Process,
         level: Level::Warn,
         effect: Effect::Event,
@@ -399,7 +402,7 @@ pub static CATALOG: &[Signature] = &[
     Signature {
         id: "cpu_soft_lockup",
         anchors: &["soft lockup - CPU#", "hard LOCKUP on cpu"],
-        pattern: r"(?:soft lockup - CPU#(?P<cpu>[0-9]{1,4}) stuck for [0-9]{1,6}s! \[(?P<comm>.{1,64}):(?P<pid>[0-9]{1,10})\]|Watchdog detected hard LOCKUP on cpu [0-9]{1,4})",
+        pattern: r"(?:soft lockup - CPU#(?P<cpu>[0-9]{1,4}) stuck for [0-9]{1,6}s! \[(?P<comm>.+):(?P<pid>[0-9]{1,10})\]|Watchdog detected hard LOCKUP on cpu [0-9]{1,4})",
         target: Target::Node,
         level: Level::Error,
         effect: Effect::Event,
@@ -409,7 +412,7 @@ pub static CATALOG: &[Signature] = &[
     Signature {
         id: "hung_task",
         anchors: &["blocked for more than"],
-        pattern: r"INFO: task (?P<comm>.{1,64}):(?P<pid>[0-9]{1,10}) blocked for more than [0-9]{1,6} seconds",
+        pattern: r"INFO: task (?P<comm>.+):(?P<pid>[0-9]{1,10}) blocked for more than [0-9]{1,6} seconds",
         target: Target::Process,
         level: Level::Warn,
         effect: Effect::Event,
@@ -419,7 +422,7 @@ pub static CATALOG: &[Signature] = &[
     Signature {
         id: "kernel_panic",
         anchors: &["Kernel panic - not syncing: "],
-        pattern: r"^Kernel panic - not syncing: (?P<why>.{0,200})",
+        pattern: r"^Kernel panic - not syncing: ",
         target: Target::Node,
         level: Level::Error,
         effect: Effect::Event,
@@ -454,7 +457,7 @@ pub static CATALOG: &[Signature] = &[
         id: "filesystem_error",
         // XFS does not remount read-only: it shuts down (the next entry).
         anchors: &["EXT4-fs error"],
-        pattern: r"EXT4-fs error \(device (?P<dev>[^)]{1,32})\)",
+        pattern: r"EXT4-fs error \(device (?P<dev>[^)]+)\)",
         target: Target::Disk,
         level: Level::Warn,
         effect: Effect::Event,
@@ -467,7 +470,7 @@ pub static CATALOG: &[Signature] = &[
             "Remounting filesystem read-only",
             "Shutting down filesystem",
         ],
-        pattern: r"(?:EXT4-fs \((?P<dev>[^)]{1,32})\): Remounting filesystem read-only|XFS \((?P<xdev>[^)]{1,32})\): .*Shutting down filesystem)",
+        pattern: r"(?:EXT4-fs \((?P<dev>[^)]+)\): Remounting filesystem read-only|XFS \((?P<xdev>[^)]+)\): .*Shutting down filesystem)",
         target: Target::Disk,
         level: Level::Error,
         effect: Effect::NodeReason("filesystem_read_only"),

@@ -394,11 +394,13 @@ pub struct FileLine<'a> {
 /// A syslog header: an RFC 3164 timestamp (`Mmm dd hh:mm:ss`, any month word, optional
 /// fraction: rsyslog's default, journald's `short` and `short-precise`) or an RFC 3339 one
 /// (rsyslog's `RSYSLOG_FileFormat`, journald's `short-iso`), an optional host, then the tag.
+/// Host and tag of any length (a counted `[^ :]{1,255}` compiled to 370 KB of heap; and a
+/// program's tag too long for a bound would have made its line untagged, not a program's).
 static SYSLOG_RE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(concat!(
         r"^(?:[^ 0-9\[\]:]{3,12}\.? +[0-9]{1,2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?",
         r"|[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})?)",
-        r" +(?:[^ :]{1,255} +)?([^ :\[]{1,64})(?:\[[0-9]{1,10}\])?:(?: |$)"
+        r" +(?:[^ :]+ +)?([^ :\[]+)(?:\[[0-9]{1,10}\])?:(?: |$)"
     ))
     .expect("a valid regex")
 });

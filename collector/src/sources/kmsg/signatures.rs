@@ -4,7 +4,7 @@
 
 use std::sync::LazyLock;
 
-use aho_corasick::{AhoCorasick, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use regex::Regex;
 
 use crate::model::signatures::CATALOG;
@@ -60,9 +60,10 @@ fn plausible(line: &str) -> bool {
 }
 
 struct Matcher {
-    /// Whether any literal is there at all (leftmost-first: its search is the fast one).
-    any: AhoCorasick,
-    /// Every literal there, overlapping (only for lines `any` found one in).
+    /// Every literal there, overlapping. A contiguous NFA: the DFA aho-corasick would pick
+    /// for these 50 literals takes 600 KB of the heap, this under 50 KB, for about 45 ns
+    /// more a line searched (100 against 60 here), and only lines that pass [`plausible`]
+    /// are searched: a kernel writes tens of lines a second.
     literals: AhoCorasick,
     /// Literal index → catalog index.
     owner: Vec<usize>,
@@ -80,11 +81,8 @@ static MATCHER: LazyLock<Matcher> = LazyLock::new(|| {
         }
     }
     Matcher {
-        any: AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostFirst)
-            .build(&lits)
-            .expect("the catalog's literals"),
         literals: AhoCorasick::builder()
+            .kind(Some(AhoCorasickKind::ContiguousNFA))
             .match_kind(MatchKind::Standard)
             .build(&lits)
             .expect("the catalog's literals"),
@@ -95,6 +93,22 @@ static MATCHER: LazyLock<Matcher> = LazyLock::new(|| {
             .collect(),
     }
 });
+
+/// Bytes kept of a process name (the kernel's are at most 15) and of a disk's name.
+const COMM_MAX: usize = 64;
+const DEV_MAX: usize = 32;
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+fn capped(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
 
 /// A signature found in a line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,13 +135,13 @@ pub fn find(line: &str) -> Option<SigMatch<'_>> {
         return None;
     }
     let m = &*MATCHER;
-    if !m.any.is_match(line) {
-        return None;
-    }
     // The entries with a literal here, as a bit set: tried in catalog order, no allocation.
     let mut candidates = 0u128;
     for hit in m.literals.find_overlapping_iter(line) {
         candidates |= 1 << m.owner[hit.pattern().as_usize()];
+    }
+    if candidates == 0 {
+        return None;
     }
     (0..CATALOG.len())
         .filter(|i| candidates & (1 << i) != 0)
@@ -138,9 +152,9 @@ pub fn find(line: &str) -> Option<SigMatch<'_>> {
                 sig: i,
                 pci: g("src").or(g("pci")),
                 reporter: g("src").and(g("pci")),
-                dev: g("dev").or(g("xdev")),
+                dev: g("dev").or(g("xdev")).map(|d| capped(d, DEV_MAX)),
                 pid: g("pid").and_then(|p| p.parse().ok()),
-                comm: g("comm"),
+                comm: g("comm").map(|c| capped(c, COMM_MAX)),
                 rm: g("rm").and_then(|p| p.parse().ok()),
             })
         })

@@ -195,6 +195,15 @@ fn only_the_kernel_speaks() {
             format!("Dec  1 11:00:00 node mallory[4242]: {xid}"),
             Origin::Program,
         ),
+        // However long its tag or host: a program's still (`logger -t` takes any tag).
+        (
+            format!("Dec  1 11:00:00 node {}: {xid}", "m".repeat(300)),
+            Origin::Program,
+        ),
+        (
+            format!("Dec  1 11:00:00 {} root: {xid}", "h".repeat(300)),
+            Origin::Program,
+        ),
         (
             format!("2026-12-01T11:00:00+00:00 node kernelx: {xid}"),
             Origin::Program,

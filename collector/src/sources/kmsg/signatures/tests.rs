@@ -294,3 +294,40 @@ fn this_machines_kernel_ring_names_no_gpu_or_fabric_signature() {
         "the ring is empty"
     );
 }
+
+/// What the matcher holds once built (on a GPU node the first `NVRM:` line builds it) stays
+/// small: before, the literal automaton was a 600 KB DFA, twice, and counted repetitions of
+/// wide classes (`.{0,200}`, `[^)]{1,64}`) compiled to a megabyte for one pattern; in all
+/// 4.5 MB of the agent's heap. Sizes as `regex`'s own engine reports them.
+#[test]
+fn the_compiled_catalog_stays_small() {
+    let lits = MATCHER.literals.memory_usage();
+    assert!(lits < 64 << 10, "the literal automaton takes {lits} bytes");
+    let mut total = 0;
+    for s in CATALOG {
+        let n = regex_automata::meta::Regex::new(s.pattern)
+            .expect("a catalog pattern")
+            .memory_usage();
+        println!("{n:>8} {}", s.id);
+        assert!(n < 96 << 10, "{} compiles to {n} bytes", s.id);
+        total += n;
+    }
+    println!("{total:>8} in all");
+    assert!(total < 1 << 20, "the catalog compiles to {total} bytes");
+}
+
+/// A name longer than the kernel's (a process's is at most 15 bytes) is cut where it is
+/// taken, at a character boundary, and the line still counts.
+#[test]
+fn a_long_name_is_cut_not_missed() {
+    let comm = format!("{}é{}", "a".repeat(63), "b".repeat(30));
+    let line = format!("Out of memory: Killed process 4242 ({comm}) total-vm:1kB");
+    let m = find(&line).expect("an oom_kill line");
+    assert_eq!(CATALOG[m.sig].id, "oom_kill");
+    assert_eq!(m.pid, Some(4242));
+    assert_eq!(m.comm, Some("a".repeat(63).as_str()));
+    let dev = "d".repeat(40);
+    let line = format!("EXT4-fs error (device {dev}): ext4_find_entry:1455: inode #2");
+    let m = find(&line).expect("a filesystem_error line");
+    assert_eq!(m.dev.map(str::len), Some(32));
+}
