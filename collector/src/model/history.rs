@@ -7,6 +7,7 @@
 //! rewritten atomically. A line a kill cut short is skipped when the file is read: at most the
 //! last event is lost, and nothing else is.
 
+use std::collections::HashSet;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -17,19 +18,93 @@ use super::lock;
 /// The file's name in the state directory.
 pub const FILE: &str = "history.jsonl";
 
+/// A string many entries hold alike (the boot, the GPU, the kind, the code): the history
+/// keeps one allocation of each ([`History::append`] and [`History::open`] share it), so that
+/// an entry costs its time, its detail and a pointer for each. Reads and compares as a `str`.
+#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Shared(Arc<str>);
+
+impl Shared {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for Shared {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Shared {
+    fn from(s: &str) -> Self {
+        Shared(s.into())
+    }
+}
+
+impl From<String> for Shared {
+    fn from(s: String) -> Self {
+        Shared(s.into())
+    }
+}
+
+impl PartialEq<str> for Shared {
+    fn eq(&self, o: &str) -> bool {
+        *self.0 == *o
+    }
+}
+
+impl PartialEq<&str> for Shared {
+    fn eq(&self, o: &&str) -> bool {
+        *self.0 == **o
+    }
+}
+
+impl PartialEq<String> for Shared {
+    fn eq(&self, o: &String) -> bool {
+        *self.0 == **o
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl std::fmt::Display for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl serde::Serialize for Shared {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Shared {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Shared::from)
+    }
+}
+
 /// One remembered event.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Entry {
     /// Unix time, milliseconds (an integer, so that it reads back as written).
     pub ms: u64,
     /// The boot it happened in.
-    pub boot: String,
+    pub boot: Shared,
     /// The GPU (UUID, or `PCI-…` for one NVML does not know), switch, component or `node`.
-    pub id: String,
+    pub id: Shared,
     /// `xid`, `sxid`, `signature`, `health`.
-    pub kind: String,
+    pub kind: Shared,
     /// The XID or SXid code, the signature, or the new state and reason.
-    pub code: String,
+    pub code: Shared,
     /// The process, where the line named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
@@ -41,17 +116,53 @@ pub struct Entry {
 impl Entry {
     /// An entry now.
     pub fn now(boot: &str, id: &str, kind: &str, code: impl Into<String>, detail: &str) -> Entry {
+        let code: String = code.into();
         Entry {
             ms: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
-            boot: boot.chars().take(64).collect(),
-            id: id.chars().take(96).collect(),
+            boot: capped(boot, 64).into(),
+            id: capped(id, 96).into(),
             kind: kind.into(),
-            code: code.into().chars().take(64).collect(),
+            code: capped(&code, 64).into(),
             pid: None,
-            detail: detail.chars().take(200).collect(),
+            detail: capped(detail, 200).to_string(),
         }
+    }
+}
+
+/// The first `n` characters of `s`.
+fn capped(s: &str, n: usize) -> &str {
+    s.char_indices().nth(n).map_or(s, |(at, _)| &s[..at])
+}
+
+/// The one copy of each [`Shared`] string the entries hold.
+#[derive(Debug, Default)]
+struct Strings(HashSet<Arc<str>>);
+
+impl Strings {
+    /// Points `e`'s shared strings at the kept copies (keeping theirs where new).
+    fn share(&mut self, e: &mut Entry) {
+        for s in [&mut e.boot, &mut e.id, &mut e.kind, &mut e.code] {
+            match self.0.get(&*s.0) {
+                Some(kept) => s.0 = kept.clone(),
+                None => {
+                    self.0.insert(s.0.clone());
+                }
+            }
+        }
+    }
+
+    /// Forgets the strings no entry holds any more (after entries were dropped).
+    fn prune(&mut self) {
+        self.0.retain(|s| Arc::strong_count(s) > 1);
+    }
+
+    /// Bytes: each string with its reference counts, and the set's slots.
+    fn memory(&self) -> usize {
+        let each = 2 * std::mem::size_of::<usize>();
+        self.0.iter().map(|s| s.len() + each).sum::<usize>()
+            + self.0.capacity() * (std::mem::size_of::<Arc<str>>() + 1)
     }
 }
 
@@ -65,6 +176,7 @@ struct Inner {
     /// cycle); a change copies it only while a reader still holds the last one, so that
     /// the history is held once, not once here and once for the readers.
     entries: Arc<Vec<Entry>>,
+    strings: Strings,
     bytes: u64,
 }
 
@@ -116,15 +228,21 @@ impl History {
         let mut i = lock(&self.inner);
         let Some(dir) = dir else { return };
         let path = dir.join(FILE);
-        i.entries = Arc::new(read(&path));
+        let mut entries = read(&path);
+        i.strings = Strings::default();
+        for e in &mut entries {
+            i.strings.share(e);
+        }
+        i.entries = Arc::new(entries);
         i.path = Some(path);
         let max = i.max_bytes;
         self.compact(&mut i, max);
     }
 
     /// Remembers an entry.
-    pub fn append(&self, e: Entry) {
+    pub fn append(&self, mut e: Entry) {
         let mut i = lock(&self.inner);
+        i.strings.share(&mut e);
         let Ok(mut line) = serde_json::to_string(&e) else {
             return;
         };
@@ -172,6 +290,7 @@ impl History {
         if drop > 0 {
             Arc::make_mut(&mut i.entries).drain(..drop);
         }
+        i.strings.prune();
         i.bytes = bytes;
         let Some(path) = i.path.clone() else { return };
         let tmp = path.with_extension("jsonl.tmp");
@@ -193,23 +312,13 @@ impl History {
         lock(&self.inner).entries.clone()
     }
 
-    /// Bytes the history holds in memory: its entries (the list's whole capacity) and their
-    /// strings' buffers. What the bound on the file's size (`health.history_max_bytes`)
-    /// comes to in the heap.
+    /// Bytes the history holds in memory: its entries (the list's whole capacity), their
+    /// details' buffers, and the one copy of each string they share. What the bound on the
+    /// file's size (`health.history_max_bytes`) comes to in the heap.
     pub fn memory(&self) -> u64 {
         let i = lock(&self.inner);
-        let strings: usize = i
-            .entries
-            .iter()
-            .map(|e| {
-                e.boot.capacity()
-                    + e.id.capacity()
-                    + e.kind.capacity()
-                    + e.code.capacity()
-                    + e.detail.capacity()
-            })
-            .sum();
-        (i.entries.capacity() * std::mem::size_of::<Entry>() + strings) as u64
+        let details: usize = i.entries.iter().map(|e| e.detail.capacity()).sum();
+        (i.entries.capacity() * std::mem::size_of::<Entry>() + details + i.strings.memory()) as u64
     }
 }
 
@@ -218,22 +327,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn memory_counts_the_entries_and_their_strings() {
+    fn entries_share_their_strings_and_memory_counts_them_once() {
+        let dir = testkit::temp_dir();
         let h = History::new(64 * 1024, Duration::from_secs(86400));
+        h.open(Some(&dir));
         assert_eq!(h.memory(), 0);
-        // An entry and its strings' bytes, at least.
-        let each = (std::mem::size_of::<Entry>() + "bootGPU-1xid79fell off the bus".len()) as u64;
-        h.append(Entry::now("boot", "GPU-1", "xid", "79", "fell off the bus"));
+        let detail = "fell off the bus";
+        h.append(Entry::now("boot", "GPU-1", "xid", "79", detail));
         let one = h.memory();
-        assert!(one >= each, "{one}");
+        let least = std::mem::size_of::<Entry>() + detail.len() + "bootGPU-1xid79".len();
+        assert!(one >= least as u64, "{one}");
         for _ in 0..99 {
-            h.append(Entry::now("boot", "GPU-1", "xid", "79", "fell off the bus"));
+            h.append(Entry::now("boot", "GPU-1", "xid", "79", detail));
         }
+        // Each further entry: its place in the list (which doubles) and its detail, no
+        // copy of the boot, the GPU, the kind or the code.
+        let each = (std::mem::size_of::<Entry>() + detail.len()) as u64;
+        let hundred = h.memory();
         assert!(
-            (100 * each..4 * 100 * each).contains(&h.memory()),
-            "{} for 100 entries of at least {each}",
-            h.memory()
+            (99 * each + one..2 * 100 * each + one).contains(&hundred),
+            "{hundred} for 100 entries of {each} and one of {one}"
         );
+        let same = |e: &[Entry]| {
+            let (a, b) = (&e[0], &e[e.len() - 1]);
+            [
+                (&a.boot, &b.boot),
+                (&a.id, &b.id),
+                (&a.kind, &b.kind),
+                (&a.code, &b.code),
+            ]
+            .iter()
+            .all(|(x, y)| Arc::ptr_eq(&x.0, &y.0))
+        };
+        assert!(same(&h.entries()), "one copy of each string");
+        // Read back from the file: shared the same way.
+        let again = History::new(64 * 1024, Duration::from_secs(86400));
+        again.open(Some(&dir));
+        assert_eq!(again.entries().len(), 100);
+        assert!(same(&again.entries()), "one copy of each string, read back");
+        assert_eq!(again.memory(), hundred, "as much memory, read back");
+    }
+
+    #[test]
+    fn a_string_no_entry_holds_is_forgotten() {
+        let h = History::new(4096, Duration::from_secs(86400));
+        h.append(Entry::now("boot-a", "GPU-1", "xid", "79", "before"));
+        let kept = |h: &History, s: &str| lock(&h.inner).strings.0.contains(s);
+        assert!(kept(&h, "boot-a"));
+        // Past the bound the oldest half goes, and with it the first boot's only entry.
+        for n in 0..200u32 {
+            h.append(Entry::now("boot-b", "GPU-1", "xid", n.to_string(), "after"));
+        }
+        assert!(h.entries().iter().all(|e| e.boot == "boot-b"));
+        assert!(
+            !kept(&h, "boot-a"),
+            "the first boot's id is gone with its entry"
+        );
+        assert!(!kept(&h, "0"), "and the codes of dropped entries");
+        assert!(kept(&h, "boot-b") && kept(&h, "199"));
     }
 
     #[test]

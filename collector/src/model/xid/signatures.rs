@@ -198,7 +198,7 @@ impl Model {
         );
         h.pid = r.pid;
         if let Some(b) = &r.boot {
-            h.boot.clone_from(b);
+            h.boot = b.as_str().into();
         }
         if let Some(ms) = r
             .time

@@ -84,7 +84,7 @@ fn escalates(e: &Entry) -> bool {
         }),
         "signature" => CATALOG
             .iter()
-            .any(|s| s.id == e.code && matches!(s.effect, Effect::GpuReason(_, true, _))),
+            .any(|s| e.code == s.id && matches!(s.effect, Effect::GpuReason(_, true, _))),
         _ => false,
     }
 }

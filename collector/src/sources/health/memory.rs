@@ -66,7 +66,7 @@ pub fn remember(
             .iter()
             .rev()
             .find(|e| e.kind == "memory" && e.id == uuid)
-            .map(|e| e.code.clone());
+            .map(|e| e.code.to_string());
     }
     if last.as_deref() != Some(now.as_str()) {
         let detail = match last.as_deref() {

@@ -139,7 +139,7 @@ fn previous_boot(model: &Model) -> String {
     };
     before(true)
         .or_else(|| before(false))
-        .map_or_else(|| "earlier".to_string(), |e| e.boot.clone())
+        .map_or_else(|| "earlier".to_string(), |e| e.boot.to_string())
 }
 
 /// Reports every panic in `dirs` not reported before; returns how many it reported.
