@@ -992,7 +992,10 @@ fn kmsg_report(k: &kmsg::Figures) -> String {
          SXid and the rest kernel noise (some of it `NVRM:` lines that are not XIDs); the file path\n\
          end to end: lines appended at once to a followed file, timed until `/metrics` counts them\n\
          all (the counter is published five times a second, so short runs round up); the latency\n\
-         from writing an XID record to `/dev/kmsg` to its counter changing on `/metrics` (root only).\n\n\
+         from writing an XID record to `/dev/kmsg` to its counter changing on `/metrics` (root only).\n\
+         A line that passes the first test (a fifth of this corpus: `NVRM: loading …`, `EXT4-fs (…)`)\n\
+         is searched for the catalog's literals by a contiguous NFA, under 50 KB of heap where\n\
+         aho-corasick's DFA took 600 KB, at about 45 ns more a line (100 against 60 ns).\n\n\
          | measurement | figure |\n|---|---|\n",
     );
     out.push_str(&format!(
