@@ -52,6 +52,9 @@ pub const CHURNS: [Churn; 2] = [
     },
 ];
 
+/// The sources the soak is about: each must be up after the warm-up.
+const SOURCES: &[&str] = &["nvml", "ebpf", "kmsg", "redfish", "ipmi"];
+
 /// One reading of the agent.
 #[derive(Clone, Copy)]
 pub struct Reading {
@@ -384,6 +387,10 @@ pub fn run(
         let end = Duration::from_secs_f64(minutes * 60.0);
         let mut alive: VecDeque<Workload> = VecDeque::new();
         let mut readings = Vec::new();
+        // Sources seen down after the warm-up: a run without one of them has not measured
+        // what the report says (an agent built without its BPF object, a BMC that did not
+        // answer), and fails instead.
+        let mut down = std::collections::BTreeSet::new();
         let (mut started, mut xids, mut tick) = (0u64, 0u64, 0u64);
         while start.elapsed() < end {
             if let Some(st) = agent.try_wait()? {
@@ -429,6 +436,18 @@ pub fn run(
                 && let Some(body) = &body
             {
                 let series = testkit::prom::parse(body);
+                if start.elapsed() >= warmup {
+                    for source in SOURCES {
+                        let up = testkit::prom::value(
+                            &series,
+                            "junction_source_up",
+                            &[("junction_source", source)],
+                        );
+                        if up != Some(1.0) {
+                            down.insert(*source);
+                        }
+                    }
+                }
                 readings.push(Reading {
                     secs: start.elapsed().as_secs_f64(),
                     rss_kib: status_kib(pid, "VmRSS:"),
@@ -457,6 +476,14 @@ pub fn run(
         }
         for w in alive.drain(..) {
             w.end();
+        }
+        if !down.is_empty() {
+            bail!(
+                "the soak's run \"{}\": source(s) {down:?} down after the warm-up (junction_source_up); \
+                 its figures would not be those of every source on (is the BPF object built into \
+                 target/release/junction? `cargo xtask build-ebpf`, then build it again)",
+                churn.label
+            );
         }
         let c = otlp.counts("/v1/metrics");
         Ok(Run {
