@@ -549,7 +549,8 @@ pub fn report(runs: &[Run], command: &str) -> String {
          agents read; the second to a kernel-log file of its own); DMTF's cooling-unit mockup (Redfish)\n\
          and `ipmi_sim` polled every 5 s; OTLP/HTTP every second; `/metrics` scraped every 2 s.\n\
          The two runs go side by side, each agent watching its own device (`/dev/zero`,\n\
-         `/dev/full`) and seeing only its own processes, each node on a PCI domain of its own.\n\
+         `/dev/full`) and seeing only its own processes, each node on a PCI domain of its own;\n\
+         a run fails if NVML, eBPF, the kernel log, Redfish or IPMI is down after the warm-up.\n\
          RSS (`VmRSS`), anonymous RSS, threads and descriptors from `/proc/PID`, series and the\n\
          agent's own heap from the scrape (`junction_memory_heap_allocated_bytes`: bytes in live\n\
          allocations; `…_resident_bytes`: the pages under them after unused ones are handed\n\
