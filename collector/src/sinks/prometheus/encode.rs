@@ -18,6 +18,7 @@ pub fn render(families: &View<'_>, out: &mut String) {
         out.push_str(header);
         for (id, s) in samples {
             out.push_str(name);
+            let open = out.len();
             out.push('{');
             let mut first = true;
             // One pass over the sample's keys: its own `hw.id` (a MIG instance's, a fan's),
@@ -72,7 +73,13 @@ pub fn render(families: &View<'_>, out: &mut String) {
                     }
                 }
             }
-            out.push_str("} ");
+            if out.len() == open + 1 {
+                // No label: `name value`, not `name{} value` (which some parsers refuse).
+                out.truncate(open);
+                out.push(' ');
+            } else {
+                out.push_str("} ");
+            }
             write_value(out, s.value);
             out.push('\n');
         }
@@ -439,11 +446,17 @@ mod tests {
             model.snapshot(),
             None,
             &[("nvml", true)],
-            Vec::new(),
+            vec![std::sync::Arc::new(vec![Sample::new(
+                Metric::KmsgLost,
+                3.0,
+            )])],
             &Default::default(),
         );
         let mut out = String::new();
         render(&snap.view(), &mut out);
+        // A node series without labels: no braces.
+        assert!(out.contains("\njunction_kmsg_lost_total 3\n"), "{out}");
+        assert!(!out.contains("{}"), "{out}");
         // The GPU's identity on its series of the conventions (the empty ones left out).
         let ident = "hw_vendor=\"nvidia\",hw_model=\"A \\\"quoted\\\" GPU\",hw_name=\"A \\\"quoted\\\" GPU\"";
         assert!(
