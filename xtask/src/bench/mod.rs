@@ -18,6 +18,7 @@ mod ebpf;
 mod fabric;
 mod kmsg;
 mod scale;
+mod smaps;
 mod soak;
 
 /// The row with every source a root agent runs by default (eBPF attribution, the kernel log,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::{scrape, spawn_junction};
+use super::{scrape, smaps, spawn_junction};
 use crate::{root, sim_config};
 
 /// How processes come and go in one run.
@@ -88,6 +88,9 @@ pub struct Run {
     pub otlp: (u64, u64),
     /// Peak RSS (VmHWM), KiB.
     pub peak_kib: u64,
+    /// Resident memory by kind of mapping (`smaps`) at the first reading after the warm-up
+    /// and at the end.
+    pub smaps: Option<(smaps::Breakdown, smaps::Breakdown)>,
 }
 
 impl Run {
@@ -391,6 +394,14 @@ pub fn run(
         // what the report says (an agent built without its BPF object, a BMC that did not
         // answer), and fails instead.
         let mut down = std::collections::BTreeSet::new();
+        // `smaps` after the warm-up, and a copy of it every 5 minutes in the run's folder
+        // (`smaps-MINUTE.txt`), to look into while a long soak runs.
+        let exe_path = bin
+            .canonicalize()
+            .unwrap_or_else(|_| bin.to_path_buf())
+            .display()
+            .to_string();
+        let mut first_smaps = None;
         let (mut started, mut xids, mut tick) = (0u64, 0u64, 0u64);
         while start.elapsed() < end {
             if let Some(st) = agent.try_wait()? {
@@ -448,6 +459,17 @@ pub fn run(
                         }
                     }
                 }
+                if start.elapsed() >= warmup
+                    && first_smaps.is_none()
+                    && let Some(text) = smaps::read(pid)
+                {
+                    first_smaps = Some(smaps::breakdown(&text, &exe_path));
+                }
+                if tick % 300 == 0
+                    && let Some(text) = smaps::read(pid)
+                {
+                    let _ = std::fs::write(dir.join(format!("smaps-{}.txt", tick / 60)), text);
+                }
                 readings.push(Reading {
                     secs: start.elapsed().as_secs_f64(),
                     rss_kib: status_kib(pid, "VmRSS:"),
@@ -485,6 +507,10 @@ pub fn run(
                 churn.label
             );
         }
+        let last_smaps = smaps::read(pid).map(|text| {
+            let _ = std::fs::write(dir.join("smaps-end.txt"), &text);
+            smaps::breakdown(&text, &exe_path)
+        });
         let c = otlp.counts("/v1/metrics");
         Ok(Run {
             label: churn.label,
@@ -495,6 +521,7 @@ pub fn run(
             xids,
             otlp: (c.requests, c.bytes),
             peak_kib: status_kib(pid, "VmHWM:"),
+            smaps: first_smaps.zip(last_smaps),
         })
     })();
     let _ = Command::new("kill")
@@ -555,11 +582,12 @@ pub fn report(runs: &[Run], command: &str) -> String {
          agent's own heap from the scrape (`junction_memory_heap_allocated_bytes`: bytes in live\n\
          allocations; `…_resident_bytes`: the pages under them after unused ones are handed\n\
          back; jemalloc's counts, published every 30 s) and the event history's share of the live\n\
-         heap (`junction_history_memory_bytes`, which grows by design until its bound), every\n\
-         10 s; slopes are least-squares fits after the warm-up. The live heap tells a structure that grows from pages the\n\
+         heap (`junction_history_memory_bytes`, which grows by design until its bound, 4 MiB of\n\
+         file: at an Xid every 10 s, about 40 hours; it is taken from RSS in the column that\n\
+         says so), every 10 s; slopes are least-squares fits after the warm-up. The live heap tells a structure that grows from pages the\n\
          allocator and the kernel keep: RSS moves by half a MiB from one reading to the next.{}\n\n\
-         | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope (MiB/h) | anon RSS slope (MiB/h) | live heap after warm-up → end (MiB) | live heap slope (MiB/h) | live heap less the event history, slope (MiB/h) | heap resident slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope (MiB/h) | RSS less the event history, slope (MiB/h) | anon RSS slope (MiB/h) | live heap after warm-up → end (MiB) | live heap slope (MiB/h) | live heap less the event history, slope (MiB/h) | heap resident slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         options()
     );
     for r in runs {
@@ -578,7 +606,7 @@ pub fn report(runs: &[Run], command: &str) -> String {
         };
         let mib = |k: u64| k as f64 / 1024.0;
         out.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {} | {} | {} ({:.1}) | {:.1} | {:.1} | {:+.2} | {:+.2} | {:.2} → {:.2} | {:+.3} | {:+.3} | {:+.2} | {:.1} | {} | {} | {} | {:.0} |\n",
+            "| {} | {:.0} | {:.0} | {} | {} | {} ({:.1}) | {:.1} | {:.1} | {:+.2} | {:+.2} | {:+.2} | {:.2} → {:.2} | {:+.3} | {:+.3} | {:+.2} | {:.1} | {} | {} | {} | {:.0} |\n",
             r.label,
             r.minutes,
             r.warmup_secs / 60.0,
@@ -589,6 +617,7 @@ pub fn report(runs: &[Run], command: &str) -> String {
             after.first().map_or(0.0, |x| mib(x.rss_kib)),
             after.last().map_or(0.0, |x| mib(x.rss_kib)),
             r.slope_per_hour(|x| mib(x.rss_kib)),
+            r.slope_per_hour(|x| mib(x.rss_kib) - x.history / MIB),
             r.slope_per_hour(|x| mib(x.anon_kib)),
             after.first().map_or(f64::NAN, |x| x.heap.0 / MIB),
             after.last().map_or(f64::NAN, |x| x.heap.0 / MIB),
@@ -601,6 +630,17 @@ pub fn report(runs: &[Run], command: &str) -> String {
             range(&|x| x.series as u64),
             after.iter().map(|x| x.tracked).fold(0.0, f64::max),
         ));
+    }
+    let kinds: Vec<(&str, smaps::Breakdown, smaps::Breakdown)> = runs
+        .iter()
+        .filter_map(|r| r.smaps.map(|(a, b)| (r.label, a, b)))
+        .collect();
+    if !kinds.is_empty() {
+        out.push_str(
+            "\nWhere the resident memory lies, after the warm-up and at the end (`/proc/PID/smaps` summed by \
+             kind of mapping; `xtask/src/bench/smaps.rs` says how each kind is told):\n\n",
+        );
+        out.push_str(&smaps::table(&kinds));
     }
     let longest = runs.iter().map(|r| r.minutes).fold(0.0, f64::max) as u64;
     let step = if longest >= 20 { 5 } else { 1 };
