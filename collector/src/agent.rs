@@ -17,6 +17,30 @@ use crate::shutdown::Shutdown;
 /// How long shutdown waits for each stage (sources, then sinks) to stop.
 pub const SHUTDOWN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// The most threads the async runtime's blocking pool runs at once (directory reads of the
+/// sysfs sources, NVML's start and stop, the pod-name reads, each a poll at a time). Work
+/// beyond it waits for a thread; tokio's default, 512, would let a burst leave hundreds of
+/// thread stacks behind (glibc keeps a dead thread's stack, with the pages it used, for the
+/// next thread).
+pub const BLOCKING_THREADS: usize = 16;
+
+/// How long an idle blocking thread waits for work before it ends: longer than the sources'
+/// intervals, so that a poll every 10 or 30 s finds the thread the last one ran on, rather
+/// than a new thread each time (tokio's default is 10 s). A 60-minute soak with the default
+/// gained a thread stack every ten minutes or so as new threads met at one moment.
+pub const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Sets a runtime's blocking pool to at most `threads` threads that live
+/// [`BLOCKING_KEEP_ALIVE`] idle.
+pub fn bound_blocking_pool(
+    builder: &mut tokio::runtime::Builder,
+    threads: usize,
+) -> &mut tokio::runtime::Builder {
+    builder
+        .max_blocking_threads(threads)
+        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
+}
+
 /// A boxed future, for the tables of components.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 

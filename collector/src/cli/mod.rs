@@ -16,9 +16,9 @@ use crate::{Format, InventoryFormat, sinks, sources};
 use render::{inventory_json, inventory_table, json, table};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("junction-rt")
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(2).thread_name("junction-rt");
+    crate::agent::bound_blocking_pool(&mut builder, crate::agent::BLOCKING_THREADS)
         .enable_all()
         .build()
         .context("cannot start the async runtime")
@@ -452,6 +452,45 @@ mod tests {
         derive: None,
         off_but_asked: None,
     };
+
+    /// Blocking work beyond the pool's bound waits for a thread instead of starting one: the
+    /// agent's threads (and the stacks glibc keeps for them) do not grow with a burst.
+    #[test]
+    fn the_blocking_pool_is_bounded() {
+        let rt = runtime().expect("runtime");
+        let most = rt.block_on(async {
+            let tasks: Vec<_> = (0..64)
+                .map(|_| {
+                    tokio::task::spawn_blocking(|| {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    })
+                })
+                .collect();
+            let mut most = 0;
+            for _ in 0..10 {
+                let named = std::fs::read_dir("/proc/self/task")
+                    .expect("tasks")
+                    .flatten()
+                    .filter(|t| {
+                        std::fs::read_to_string(t.path().join("comm"))
+                            .is_ok_and(|c| c.trim() == "junction-rt")
+                    })
+                    .count();
+                most = most.max(named);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            for t in tasks {
+                t.await.expect("task");
+            }
+            most
+        });
+        // Two workers and the blocking pool, full (64 tasks, each a pool's worth of time).
+        assert!(
+            (crate::agent::BLOCKING_THREADS + 1..=crate::agent::BLOCKING_THREADS + 2)
+                .contains(&most),
+            "{most} threads named junction-rt"
+        );
+    }
 
     /// A source that panics is reported down with the panic, and started again.
     #[test]

@@ -443,7 +443,11 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
                 .spawn(move || {
                     wait_for_gpus(&cfg, &model);
                     crate::privileges::wait_gate();
-                    match tokio::runtime::Builder::new_current_thread()
+                    // The files' reads (tokio's file I/O) go to the blocking pool: a thread
+                    // or two, named for the reader, that stay between appends.
+                    let mut builder = tokio::runtime::Builder::new_current_thread();
+                    builder.thread_name("kmsg-files-io");
+                    match crate::agent::bound_blocking_pool(&mut builder, 2)
                         .enable_all()
                         .build()
                     {
