@@ -26,8 +26,9 @@ pub const BLOCKING_THREADS: usize = 16;
 
 /// How long an idle blocking thread waits for work before it ends: longer than the sources'
 /// intervals, so that a poll every 10 or 30 s finds the thread the last one ran on, rather
-/// than a new thread each time (tokio's default is 10 s). A 60-minute soak with the default
-/// gained a thread stack every ten minutes or so as new threads met at one moment.
+/// than a new thread each time (tokio's default is 10 s). With the default, the soak's
+/// blocking threads ended and started again every few seconds, and when new ones met at one
+/// moment glibc mapped another stack that stayed (BENCHMARKS.md, "Soak").
 pub const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Sets a runtime's blocking pool to at most `threads` threads that live
