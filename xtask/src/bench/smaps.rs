@@ -86,11 +86,13 @@ fn parse(text: &str) -> Vec<Mapping> {
 pub fn breakdown(text: &str, exe: &str) -> Breakdown {
     const ARENA: u64 = 64 << 20;
     let maps = parse(text);
+    // A binary replaced while it runs reads `PATH (deleted)`.
+    let deleted = format!("{exe} ");
     let mut out = Breakdown::default();
     for (i, m) in maps.iter().enumerate() {
         let prev = i.checked_sub(1).map(|j| &maps[j]);
         let next = maps.get(i + 1);
-        let kind = if m.name == exe || m.name.starts_with(&format!("{exe} ")) {
+        let kind = if m.name == exe || m.name.starts_with(&deleted) {
             0
         } else if m.name.starts_with('/') || m.name.starts_with("anon_inode:") {
             1

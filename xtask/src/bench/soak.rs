@@ -459,16 +459,16 @@ pub fn run(
                         }
                     }
                 }
-                if start.elapsed() >= warmup
-                    && first_smaps.is_none()
+                let first = start.elapsed() >= warmup && first_smaps.is_none();
+                if (first || tick % 300 == 0)
                     && let Some(text) = smaps::read(pid)
                 {
-                    first_smaps = Some(smaps::breakdown(&text, &exe_path));
-                }
-                if tick % 300 == 0
-                    && let Some(text) = smaps::read(pid)
-                {
-                    let _ = std::fs::write(dir.join(format!("smaps-{}.txt", tick / 60)), text);
+                    if first {
+                        first_smaps = Some(smaps::breakdown(&text, &exe_path));
+                    }
+                    if tick % 300 == 0 {
+                        let _ = std::fs::write(dir.join(format!("smaps-{}.txt", tick / 60)), text);
+                    }
                 }
                 readings.push(Reading {
                     secs: start.elapsed().as_secs_f64(),
