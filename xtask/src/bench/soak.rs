@@ -80,6 +80,8 @@ pub struct Run {
     pub minutes: f64,
     pub warmup_secs: f64,
     pub readings: Vec<Reading>,
+    /// RSS (`VmRSS`, KiB) every second: (seconds since the agent answered, KiB).
+    pub rss_every_second: Vec<(f64, u64)>,
     /// Processes started.
     pub started: u64,
     /// Xid lines written.
@@ -104,6 +106,36 @@ impl Run {
             .collect();
         slope(&pts)
     }
+
+    /// Least-squares slope, per hour, of the least RSS of each whole minute after the
+    /// warm-up: the memory the agent keeps, without the pages of work in flight at a reading.
+    pub fn floor_slope_per_hour(&self) -> f64 {
+        slope(&minute_floors(&self.rss_every_second, self.warmup_secs))
+    }
+}
+
+/// The least RSS (MiB) of each whole minute from `from` seconds on, at the minute's middle
+/// (hours): a reading in a minute that is cut short (the run's last) is left out, so a
+/// minute's floor is always over the same number of readings.
+pub fn minute_floors(samples: &[(f64, u64)], from: f64) -> Vec<(f64, f64)> {
+    let mut floors: std::collections::BTreeMap<u64, (u64, usize)> = Default::default();
+    for &(secs, kib) in samples.iter().filter(|s| s.0 >= from) {
+        let e = floors
+            .entry(((secs - from) / 60.0) as u64)
+            .or_insert((u64::MAX, 0));
+        *e = (e.0.min(kib), e.1 + 1);
+    }
+    let most = floors.values().map(|v| v.1).max().unwrap_or(0);
+    floors
+        .into_iter()
+        .filter(|(_, (_, n))| *n * 10 >= most * 9)
+        .map(|(m, (kib, _))| {
+            (
+                (from + m as f64 * 60.0 + 30.0) / 3600.0,
+                kib as f64 / 1024.0,
+            )
+        })
+        .collect()
 }
 
 impl Run {
@@ -390,6 +422,7 @@ pub fn run(
         let end = Duration::from_secs_f64(minutes * 60.0);
         let mut alive: VecDeque<Workload> = VecDeque::new();
         let mut readings = Vec::new();
+        let mut rss_every_second = Vec::new();
         // Sources seen down after the warm-up: a run without one of them has not measured
         // what the report says (an agent built without its BPF object, a BMC that did not
         // answer), and fails instead.
@@ -438,6 +471,7 @@ pub fn run(
                 }
                 xids += 1;
             }
+            rss_every_second.push((start.elapsed().as_secs_f64(), status_kib(pid, "VmRSS:")));
             let body = if tick % 2 == 0 {
                 Some(scrape(port)?)
             } else {
@@ -517,6 +551,7 @@ pub fn run(
             minutes,
             warmup_secs: warmup.as_secs_f64(),
             readings,
+            rss_every_second,
             started,
             xids,
             otlp: (c.requests, c.bytes),
@@ -584,10 +619,14 @@ pub fn report(runs: &[Run], command: &str) -> String {
          back; jemalloc's counts, published every 30 s) and the event history's share of the live\n\
          heap (`junction_history_memory_bytes`, which grows by design until its bound, 4 MiB of\n\
          file: at an Xid every 10 s, about 40 hours; it is taken from RSS in the column that\n\
-         says so), every 10 s; slopes are least-squares fits after the warm-up. The live heap tells a structure that grows from pages the\n\
-         allocator and the kernel keep: RSS moves by half a MiB from one reading to the next.{}\n\n\
-         | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope (MiB/h) | RSS less the event history, slope (MiB/h) | anon RSS slope (MiB/h) | live heap after warm-up → end (MiB) | live heap slope (MiB/h) | live heap less the event history, slope (MiB/h) | heap resident slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         says so), every 10 s; slopes are least-squares fits after the warm-up. RSS is also read every\n\
+         second, between the scrapes and the Xid lines: the floor slope is the fit of each whole\n\
+         minute's least RSS, the memory the agent keeps without the pages of work in flight at a\n\
+         reading (a scrape's 1.2 MB of text, an export, an event). The live heap tells a structure\n\
+         that grows from pages the allocator and the kernel keep: RSS moves by half a MiB from one\n\
+         reading to the next.{}\n\n\
+         | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope (MiB/h) | RSS floor slope (MiB/h) | RSS less the event history, slope (MiB/h) | anon RSS slope (MiB/h) | live heap after warm-up → end (MiB) | live heap slope (MiB/h) | live heap less the event history, slope (MiB/h) | heap resident slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         options()
     );
     for r in runs {
@@ -606,7 +645,7 @@ pub fn report(runs: &[Run], command: &str) -> String {
         };
         let mib = |k: u64| k as f64 / 1024.0;
         out.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {} | {} | {} ({:.1}) | {:.1} | {:.1} | {:+.2} | {:+.2} | {:+.2} | {:.2} → {:.2} | {:+.3} | {:+.3} | {:+.2} | {:.1} | {} | {} | {} | {:.0} |\n",
+            "| {} | {:.0} | {:.0} | {} | {} | {} ({:.1}) | {:.1} | {:.1} | {:+.2} | {:+.2} | {:+.2} | {:+.2} | {:.2} → {:.2} | {:+.3} | {:+.3} | {:+.2} | {:.1} | {} | {} | {} | {:.0} |\n",
             r.label,
             r.minutes,
             r.warmup_secs / 60.0,
@@ -617,6 +656,7 @@ pub fn report(runs: &[Run], command: &str) -> String {
             after.first().map_or(0.0, |x| mib(x.rss_kib)),
             after.last().map_or(0.0, |x| mib(x.rss_kib)),
             r.slope_per_hour(|x| mib(x.rss_kib)),
+            r.floor_slope_per_hour(),
             r.slope_per_hour(|x| mib(x.rss_kib) - x.history / MIB),
             r.slope_per_hour(|x| mib(x.anon_kib)),
             after.first().map_or(f64::NAN, |x| x.heap.0 / MIB),
@@ -645,7 +685,8 @@ pub fn report(runs: &[Run], command: &str) -> String {
     let longest = runs.iter().map(|r| r.minutes).fold(0.0, f64::max) as u64;
     let step = if longest >= 20 { 5 } else { 1 };
     out.push_str(&format!(
-        "\nRSS over time (MiB; the live heap in brackets), every {step} minute{} of each run:\n\n| minute |",
+        "\nRSS over time (MiB, at the reading every 10 s nearest the minute; least–most of the \
+         readings every second in that minute; the live heap in brackets), every {step} minute{} of each run:\n\n| minute |",
         if step == 1 { "" } else { "s" }
     ));
     for r in runs {
@@ -669,11 +710,25 @@ pub fn report(runs: &[Run], command: &str) -> String {
                 })
                 .filter(|x| (x.secs - m as f64 * 60.0).abs() < 30.0);
             match at {
-                Some(x) => out.push_str(&format!(
-                    " {:.1} ({:.2}) |",
-                    x.rss_kib as f64 / 1024.0,
-                    x.heap.0 / MIB
-                )),
+                Some(x) => {
+                    let minute: Vec<u64> = r
+                        .rss_every_second
+                        .iter()
+                        .filter(|s| s.0 >= m as f64 * 60.0 && s.0 < (m + 1) as f64 * 60.0)
+                        .map(|s| s.1)
+                        .collect();
+                    let span = match (minute.iter().min(), minute.iter().max()) {
+                        (Some(lo), Some(hi)) => {
+                            format!("; {:.1}–{:.1}", *lo as f64 / 1024.0, *hi as f64 / 1024.0)
+                        }
+                        _ => String::new(),
+                    };
+                    out.push_str(&format!(
+                        " {:.1}{span} ({:.2}) |",
+                        x.rss_kib as f64 / 1024.0,
+                        x.heap.0 / MIB
+                    ))
+                }
                 None => out.push_str(" - |"),
             }
         }
@@ -697,5 +752,29 @@ mod tests {
             .map(|i| (f64::from(i), if i % 2 == 0 { 1.0 } else { 2.0 }))
             .collect();
         assert!(slope(&flat).abs() < 0.05);
+    }
+
+    #[test]
+    fn a_minute_floor_is_its_least_reading_and_a_short_minute_is_left_out() {
+        // From second 300 on: 10 MiB with a spike every 10 s (work in flight at a reading),
+        // 1 MiB more each minute, and a last minute of only five readings.
+        let samples: Vec<(f64, u64)> = (0u64..=(300 + 3 * 60 + 4))
+            .map(|s| {
+                let minute = s.saturating_sub(300) / 60;
+                let kib = 10 * 1024 + minute * 1024 + if s % 10 == 0 { 4096 } else { 0 };
+                (s as f64, kib)
+            })
+            .collect();
+        let floors = minute_floors(&samples, 300.0);
+        assert_eq!(
+            floors,
+            vec![
+                (330.0 / 3600.0, 10.0),
+                (390.0 / 3600.0, 11.0),
+                (450.0 / 3600.0, 12.0),
+            ]
+        );
+        // 1 MiB a minute is 60 MiB an hour.
+        assert!((slope(&floors) - 60.0).abs() < 1e-9);
     }
 }
