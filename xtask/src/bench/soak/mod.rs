@@ -7,6 +7,8 @@
 //! 2 s. Two runs side by side (two agents, each watching its own device): one new
 //! short-lived process a second, and 100 alive at once, each living 10 s (10 new a second). RSS, threads, descriptors and series are sampled every 10 s, RSS
 //! also every second; the slopes are least-squares fits after the warm-up (`report`).
+//! Each run's folder (`target/bench/soak-N`, N its new processes a second) keeps its readings
+//! (`readings.csv`, `rss-every-second.csv`) and a copy of `smaps` every 5 minutes.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -485,6 +487,31 @@ pub fn run(
                 churn.label
             );
         }
+        // The readings themselves, for a look beyond the report's fits.
+        let mut csv = String::from(
+            "secs,rss_kib,anon_kib,threads,fds,series,tracked,heap_allocated,heap_resident,history\n",
+        );
+        for x in &readings {
+            csv.push_str(&format!(
+                "{:.1},{},{},{},{},{},{},{},{},{}\n",
+                x.secs,
+                x.rss_kib,
+                x.anon_kib,
+                x.threads,
+                x.fds,
+                x.series,
+                x.tracked,
+                x.heap.0,
+                x.heap.1,
+                x.history
+            ));
+        }
+        let _ = std::fs::write(dir.join("readings.csv"), csv);
+        let mut csv = String::from("secs,rss_kib\n");
+        for (secs, kib) in &rss_every_second {
+            csv.push_str(&format!("{secs:.1},{kib}\n"));
+        }
+        let _ = std::fs::write(dir.join("rss-every-second.csv"), csv);
         let last_smaps = smaps::read(pid).map(|text| {
             let _ = std::fs::write(dir.join("smaps-end.txt"), &text);
             smaps::breakdown(&text, &exe_path)

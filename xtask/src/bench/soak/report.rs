@@ -6,19 +6,26 @@ use crate::bench::smaps;
 impl Run {
     /// Least-squares slope of `f` over the readings after the warm-up, per hour.
     pub fn slope_per_hour(&self, f: impl Fn(&Reading) -> f64) -> f64 {
+        self.fit_per_hour(f).0
+    }
+
+    /// [`fit`] of `f` over the readings after the warm-up, per hour: the slope and its
+    /// standard error.
+    pub fn fit_per_hour(&self, f: impl Fn(&Reading) -> f64) -> (f64, f64) {
         let pts: Vec<(f64, f64)> = self
             .readings
             .iter()
             .filter(|r| r.secs >= self.warmup_secs)
             .map(|r| (r.secs / 3600.0, f(r)))
             .collect();
-        slope(&pts)
+        fit(&pts)
     }
 
     /// Least-squares slope, per hour, of the least RSS of each whole minute after the
     /// warm-up: the memory the agent keeps, without the pages of work in flight at a reading.
-    pub fn floor_slope_per_hour(&self) -> f64 {
-        slope(&minute_floors(&self.rss_every_second, self.warmup_secs))
+    /// With its standard error, as [`fit`].
+    pub fn floor_fit_per_hour(&self) -> (f64, f64) {
+        fit(&minute_floors(&self.rss_every_second, self.warmup_secs))
     }
 }
 
@@ -49,17 +56,31 @@ pub fn minute_floors(samples: &[(f64, u64)], from: f64) -> Vec<(f64, f64)> {
 /// Bytes in a MiB.
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Least-squares slope of y over x (0 for fewer than two points).
-pub fn slope(pts: &[(f64, f64)]) -> f64 {
+/// Least-squares slope of y over x and its standard error, sqrt(residual variance / Sxx):
+/// 0 and NaN for fewer than two points, the error NaN for two. It takes the points as
+/// independent; neighbouring readings of a process's memory are not, so it is a lower bound
+/// on how far the slope could be from the process's own.
+pub fn fit(pts: &[(f64, f64)]) -> (f64, f64) {
     let n = pts.len() as f64;
     if pts.len() < 2 {
-        return 0.0;
+        return (0.0, f64::NAN);
     }
     let mx = pts.iter().map(|p| p.0).sum::<f64>() / n;
     let my = pts.iter().map(|p| p.1).sum::<f64>() / n;
     let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
     let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    if sxx == 0.0 { 0.0 } else { sxy / sxx }
+    if sxx == 0.0 {
+        return (0.0, f64::NAN);
+    }
+    let b = sxy / sxx;
+    if pts.len() < 3 {
+        return (b, f64::NAN);
+    }
+    let rss: f64 = pts
+        .iter()
+        .map(|p| (p.1 - my - b * (p.0 - mx)).powi(2))
+        .sum();
+    (b, (rss / (n - 2.0) / sxx).sqrt())
 }
 
 /// What a soak run with the environment's options changed, in words ("" when none).
@@ -98,13 +119,15 @@ pub fn report(runs: &[Run], command: &str) -> String {
          back; jemalloc's counts, published every 30 s) and the event history's share of the live\n\
          heap (`junction_history_memory_bytes`, which grows by design until its bound, 4 MiB of\n\
          file: at an Xid every 10 s, about 40 hours; it is taken from RSS in the column that\n\
-         says so), every 10 s; slopes are least-squares fits after the warm-up. RSS is also read every\n\
+         says so), every 10 s; slopes are least-squares fits after the warm-up, the RSS slopes with\n\
+         their standard error (the readings taken as independent, which neighbouring ones are\n\
+         not: a lower bound on the fit's uncertainty). RSS is also read every\n\
          second, between the scrapes and the Xid lines: the floor slope is the fit of each whole\n\
          minute's least RSS, the memory the agent keeps without the pages of work in flight at a\n\
          reading (a scrape's 1.2 MB of text, an export, an event). The live heap tells a structure\n\
          that grows from pages the allocator and the kernel keep: RSS moves by half a MiB from one\n\
          reading to the next.{}\n\n\
-         | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope (MiB/h) | RSS floor slope (MiB/h) | RSS less the event history, slope (MiB/h) | anon RSS slope (MiB/h) | live heap after warm-up → end (MiB) | live heap slope (MiB/h) | live heap less the event history, slope (MiB/h) | heap resident slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
+         | run | minutes | warm-up (min) | processes started | Xid lines | OTLP exports (KiB each) | RSS after warm-up (MiB) | RSS at end (MiB) | RSS slope ± s.e. (MiB/h) | RSS floor slope ± s.e. (MiB/h) | RSS less the event history, slope (MiB/h) | anon RSS slope (MiB/h) | live heap after warm-up → end (MiB) | live heap slope (MiB/h) | live heap less the event history, slope (MiB/h) | heap resident slope (MiB/h) | peak RSS (MiB) | threads (min–max) | descriptors (min–max) | series (min–max) | tracked processes (max) |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         options()
     );
@@ -123,8 +146,9 @@ pub fn report(runs: &[Run], command: &str) -> String {
             )
         };
         let mib = |k: u64| k as f64 / 1024.0;
+        let pm = |(b, se): (f64, f64)| format!("{b:+.2} ± {se:.2}");
         out.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {} | {} | {} ({:.1}) | {:.1} | {:.1} | {:+.2} | {:+.2} | {:+.2} | {:+.2} | {:.2} → {:.2} | {:+.3} | {:+.3} | {:+.2} | {:.1} | {} | {} | {} | {:.0} |\n",
+            "| {} | {:.0} | {:.0} | {} | {} | {} ({:.1}) | {:.1} | {:.1} | {} | {} | {:+.2} | {:+.2} | {:.2} → {:.2} | {:+.3} | {:+.3} | {:+.2} | {:.1} | {} | {} | {} | {:.0} |\n",
             r.label,
             r.minutes,
             r.warmup_secs / 60.0,
@@ -134,8 +158,8 @@ pub fn report(runs: &[Run], command: &str) -> String {
             r.otlp.1 as f64 / 1024.0 / r.otlp.0.max(1) as f64,
             after.first().map_or(0.0, |x| mib(x.rss_kib)),
             after.last().map_or(0.0, |x| mib(x.rss_kib)),
-            r.slope_per_hour(|x| mib(x.rss_kib)),
-            r.floor_slope_per_hour(),
+            pm(r.fit_per_hour(|x| mib(x.rss_kib))),
+            pm(r.floor_fit_per_hour()),
             r.slope_per_hour(|x| mib(x.rss_kib) - x.history / MIB),
             r.slope_per_hour(|x| mib(x.anon_kib)),
             after.first().map_or(f64::NAN, |x| x.heap.0 / MIB),
@@ -225,12 +249,24 @@ mod tests {
         let pts: Vec<(f64, f64)> = (0..10)
             .map(|i| (f64::from(i), 3.0 + 0.5 * f64::from(i)))
             .collect();
-        assert!((slope(&pts) - 0.5).abs() < 1e-12);
-        assert_eq!(slope(&pts[..1]), 0.0);
+        assert!((fit(&pts).0 - 0.5).abs() < 1e-12);
+        assert_eq!(fit(&pts[..1]).0, 0.0);
         let flat: Vec<(f64, f64)> = (0..10)
             .map(|i| (f64::from(i), if i % 2 == 0 { 1.0 } else { 2.0 }))
             .collect();
-        assert!(slope(&flat).abs() < 0.05);
+        assert!(fit(&flat).0.abs() < 0.05);
+    }
+
+    #[test]
+    fn the_fit_gives_the_slope_its_standard_error() {
+        // Worked by hand: Sxx 5, Sxy 6, slope 1.2; residuals -0.2, 0.6, -0.6, 0.2 (sum of
+        // squares 0.8); standard error sqrt(0.8 / 2 / 5).
+        let (b, se) = fit(&[(0.0, 0.0), (1.0, 2.0), (2.0, 2.0), (3.0, 4.0)]);
+        assert!((b - 1.2).abs() < 1e-12);
+        assert!((se - 0.08f64.sqrt()).abs() < 1e-12);
+        // On a line the error is none; with two points it is not known.
+        assert_eq!(fit(&[(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)]), (2.0, 0.0));
+        assert!(fit(&[(0.0, 1.0), (1.0, 3.0)]).1.is_nan());
     }
 
     #[test]
@@ -254,6 +290,6 @@ mod tests {
             ]
         );
         // 1 MiB a minute is 60 MiB an hour.
-        assert!((slope(&floors) - 60.0).abs() < 1e-9);
+        assert!((fit(&floors).0 - 60.0).abs() < 1e-9);
     }
 }
