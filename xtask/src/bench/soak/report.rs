@@ -122,7 +122,7 @@ pub fn report(runs: &[Run], command: &str) -> String {
          says so), every 10 s; slopes are least-squares fits after the warm-up, the RSS slopes with\n\
          their standard error (the readings taken as independent, which neighbouring ones are\n\
          not: a lower bound on the fit's uncertainty). RSS is also read every\n\
-         second, between the scrapes and the Xid lines: the floor slope is the fit of each whole\n\
+         second, before that second's Xid line and scrape: the floor slope is the fit of each whole\n\
          minute's least RSS, the memory the agent keeps without the pages of work in flight at a\n\
          reading (a scrape's 1.2 MB of text, an export, an event). The live heap tells a structure\n\
          that grows from pages the allocator and the kernel keep: RSS moves by half a MiB from one\n\
