@@ -5,8 +5,9 @@
 //! CDU (DMTF's cooling-unit mockup, served by DMTF's Redfish-Mockup-Server) and an IPMI BMC
 //! (OpenIPMI's `ipmi_sim`) polled every 5 s; OTLP/HTTP every second; `/metrics` scraped every
 //! 2 s. Two runs side by side (two agents, each watching its own device): one new
-//! short-lived process a second, and 100 alive at once, each living 10 s (10 new a second). RSS, threads, descriptors and series are sampled every 10 s, RSS
-//! also every second; the slopes are least-squares fits after the warm-up (`report`).
+//! short-lived process a second, and 100 alive at once, each living 10 s (10 new a second).
+//! RSS, threads, descriptors and series are sampled every 10 s, RSS also every second; the
+//! slopes are least-squares fits after the warm-up (`report`).
 //! Each run's folder (`target/bench/soak-N`, N its new processes a second) keeps its readings
 //! (`readings.csv`, `rss-every-second.csv`) and a copy of `smaps` every 5 minutes.
 
@@ -18,9 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::{scrape, smaps, spawn_junction};
+use crate::{root, sim_config};
 
 mod report;
-use crate::{root, sim_config};
 pub use report::report;
 
 /// How processes come and go in one run.
