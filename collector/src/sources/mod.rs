@@ -12,6 +12,7 @@ pub mod nic;
 pub mod nvml;
 pub mod pcie;
 pub mod polled;
+pub mod readings;
 pub mod redfish;
 pub mod sysfs;
 

@@ -27,6 +27,7 @@ use crate::internal_events::{HealthInputUnreadable, InternalEvent};
 use crate::model::bmc::{Level, Quantity};
 use crate::model::health::{Action, Code};
 use crate::model::{GpuSlot, HealthState, Metric, Model, Sample};
+use crate::sources::readings::{Readings, Shape};
 use forecast::{Alarm, Params, Trend};
 use rules::{Finding, Rates, find, samples};
 
@@ -138,7 +139,7 @@ struct GpuState {
     last_true: BTreeMap<Code, Instant>,
     thermal_violation: Option<f64>,
     pcie: VecDeque<(Instant, f64)>,
-    ecc: VecDeque<(Instant, f64)>,
+    ecc: Readings<f64>,
     xids: BTreeMap<u32, (f64, Instant)>,
     errors: BTreeMap<&'static str, u64>,
     /// The memory-repair figures last in the history.
@@ -156,6 +157,24 @@ struct Evaluator {
 }
 
 /// The forecast series: (location, limit type) of the NVML thresholds they aim at.
+/// The corrected-ECC totals a GPU keeps for its rate this hour against the hour before: two
+/// hours, one a minute (kept at every evaluation, it was a reading every `interval_secs` for
+/// two hours, 720 a GPU at the default 10 s, filling for the agent's first two hours).
+const ECC_READINGS: Shape = Shape {
+    span: Duration::from_secs(7200),
+    fine: Duration::from_secs(60),
+    step: Duration::from_secs(60),
+};
+
+/// Adds the corrected-ECC total `n` read at `now`; the errors in the last hour and in the
+/// hour before it, once the readings reach back 50 minutes.
+fn ecc_per_hour(ecc: &mut Readings<f64>, now: Instant, n: f64) -> Option<(f64, f64)> {
+    ecc.push(now, n, &ECC_READINGS);
+    let (first, mid) = (ecc.first()?, ecc.since(Duration::from_secs(3600))?);
+    (now.duration_since(first.0) >= Duration::from_secs(3000))
+        .then(|| ((n - mid.1).max(0.0), (mid.1 - first.1).max(0.0)))
+}
+
 const FORECASTS: [(&str, &str); 2] = [("gpu_die", "throttled"), ("memory_junction", "max")];
 
 impl Evaluator {
@@ -385,24 +404,7 @@ impl GpuState {
             }
         }
         if let Some(n) = find(all(), Metric::EccErrors, &[("error.type", "corrected")]) {
-            st.ecc.push_back((now, n));
-            while st
-                .ecc
-                .front()
-                .is_some_and(|(t0, _)| now.duration_since(*t0) > Duration::from_secs(7200))
-            {
-                st.ecc.pop_front();
-            }
-            let hour_ago = st
-                .ecc
-                .iter()
-                .find(|(t0, _)| now.duration_since(*t0) <= Duration::from_secs(3600));
-            if let (Some(first), Some(mid), Some(last)) = (st.ecc.front(), hour_ago, st.ecc.back())
-                && now.duration_since(first.0) >= Duration::from_secs(3000)
-            {
-                rates.ecc_corrected_per_hour =
-                    Some(((last.1 - mid.1).max(0.0), (mid.1 - first.1).max(0.0)));
-            }
+            rates.ecc_corrected_per_hour = ecc_per_hour(&mut st.ecc, now, n);
         }
         for ((id, code), n) in xid_counts.iter().filter(|((id, _), _)| id == uuid) {
             let _ = id;
@@ -527,5 +529,34 @@ async fn run(config: Arc<Config>, ctx: Ctx) {
             _ = tokio::time::sleep(interval) => {}
             _ = ctx.shutdown.wait() => break,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ecc_rate_compares_the_hours_from_a_reading_a_minute() {
+        // Evaluations every 10 s: 100 corrected errors an hour for two hours, then 500.
+        let t0 = Instant::now();
+        let mut ecc = Readings::default();
+        let (mut total, mut most, mut rate) = (0.0, 0, None);
+        for i in 0..3 * 360u64 {
+            let s = i * 10;
+            total += if s < 7200 { 100.0 } else { 500.0 } / 360.0;
+            rate = ecc_per_hour(&mut ecc, t0 + Duration::from_secs(s), total);
+            if s < 2990 {
+                assert_eq!(rate, None, "no rate before 50 minutes ({s} s)");
+            }
+            most = most.max(ecc.len());
+        }
+        let (now, before) = rate.expect("a rate after three hours");
+        // The last hour starts at the first reading within it, up to a minute late; the hour
+        // before ends there (its last reading is the first at 500 an hour: 1.4 more).
+        assert!((490.0..=500.5).contains(&now), "{now}");
+        assert!((97.0..=102.0).contains(&before), "{before}");
+        // Two hours at a reading a minute, and the last minute's (126): 720 were kept before.
+        assert!(most <= 7 + 121, "{most} readings kept");
     }
 }

@@ -12,11 +12,11 @@
 //!
 //! A counter stuck at its saturation value has no rate and raises nothing.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::model::HealthState;
 use crate::model::health::closed_set;
+use crate::sources::readings::{Readings, Shape};
 
 closed_set! {
     /// Why a NIC port is not ok (`nic.health.reason`).
@@ -126,38 +126,31 @@ pub const COUNTER_RULES: &[CounterRule] = &[
 /// The longest window a rule looks back over.
 pub const LONGEST_WINDOW: Duration = Duration::from_secs(3600);
 
-/// A counter's totals over the last hour (one per read).
+/// How a counter's totals are kept: every read of the last two minutes (the rates per second
+/// and per minute), one a minute over the rest of the hour (so that "the last hour" runs from
+/// the first kept read within it, 59 to 60 minutes back).
+const SHAPE: Shape = Shape {
+    span: LONGEST_WINDOW,
+    fine: Duration::from_secs(120),
+    step: Duration::from_secs(60),
+};
+
+/// A counter's totals over the last hour.
 #[derive(Debug, Clone, Default)]
 pub struct History {
-    points: VecDeque<(Instant, u64)>,
+    points: Readings<u64>,
 }
-
-/// At most this many points per counter (an hour of 1 s reads).
-const MAX_POINTS: usize = 3600;
 
 impl History {
     /// Adds the total read at `at`.
     pub fn push(&mut self, at: Instant, total: u64) {
-        while self
-            .points
-            .front()
-            .is_some_and(|(t, _)| at.saturating_duration_since(*t) > LONGEST_WINDOW)
-            || self.points.len() >= MAX_POINTS
-        {
-            self.points.pop_front();
-        }
-        self.points.push_back((at, total));
+        self.points.push(at, total, &SHAPE);
     }
 
     /// Whether `threshold` is exceeded now; the sentence says by how much.
     pub fn exceeds(&self, threshold: Threshold) -> Option<String> {
-        let &(now, last) = self.points.back()?;
-        let within = |w: Duration| {
-            self.points
-                .iter()
-                .find(|(t, _)| now.saturating_duration_since(*t) <= w)
-                .map(|(_, v)| last.saturating_sub(*v))
-        };
+        let &(now, last) = self.points.last()?;
+        let within = |w: Duration| self.points.since(w).map(|(_, v)| last.saturating_sub(*v));
         match threshold {
             Threshold::AnyIncrease => {
                 let (_, prev) = self.points.iter().rev().nth(1)?;
