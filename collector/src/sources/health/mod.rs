@@ -156,7 +156,6 @@ struct Evaluator {
     coolant: BTreeMap<String, (Trend, Alarm)>,
 }
 
-/// The forecast series: (location, limit type) of the NVML thresholds they aim at.
 /// The corrected-ECC totals a GPU keeps for its rate this hour against the hour before: two
 /// hours, one a minute (kept at every evaluation, it was a reading every `interval_secs` for
 /// two hours, 720 a GPU at the default 10 s, filling for the agent's first two hours).
@@ -175,6 +174,7 @@ fn ecc_per_hour(ecc: &mut Readings<f64>, now: Instant, n: f64) -> Option<(f64, f
         .then(|| ((n - mid.1).max(0.0), (mid.1 - first.1).max(0.0)))
 }
 
+/// The forecast series: (location, limit type) of the NVML thresholds they aim at.
 const FORECASTS: [(&str, &str); 2] = [("gpu_die", "throttled"), ("memory_junction", "max")];
 
 impl Evaluator {
