@@ -6,8 +6,8 @@
 //! Kept whole, such a window filled for its whole length after a start (an hour of reads a
 //! counter, two hours of health evaluations a GPU) and held a reading per poll: memory that
 //! rose for the first hours of every agent and grew with the poll rate. Thinned, it holds at
-//! most `fine / interval + span / step + 2` readings, whatever the rate and however long the
-//! agent runs.
+//! most `fine / interval + span / step + 2` readings however long the agent runs, and never
+//! more than `MAX_FINE + span / step + 1` whatever the rate.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
