@@ -418,23 +418,33 @@ fn a_process_that_lives_50_ms_is_still_seen() {
     let out = status.wait_with_output().expect("wait");
     assert!(out.status.success());
     eprintln!("workload ran {:?} in all", started.elapsed());
-    // Long gone before any scrape: still exported, with its name and container.
+    // Long gone before any scrape: still exported, with its name and container. What it
+    // allocated is counted; what it held when it ended the driver freed as its descriptors
+    // closed, so it holds nothing (a sum over processes does not count freed memory).
     let page = wait_pid(&mut agent, pid, "uvm_register_gpu");
     let s = parse(&page);
     assert_eq!(calls(&s, pid, "rm_alloc"), Some(4.0), "{page}");
     let p = pid.to_string();
+    let me = [
+        ("process_pid", p.as_str()),
+        ("process_executable_name", "nvworkload"),
+        ("container_id", container.as_str()),
+    ];
     assert_eq!(
-        value(
-            &s,
-            "gpu_process_driver_memory_usage_bytes",
-            &[
-                ("process_pid", &p),
-                ("hw_id", &uuids[1]),
-                ("process_executable_name", "nvworkload"),
-                ("container_id", &container),
-            ]
-        ),
-        Some((3 * MIB) as f64),
+        value(&s, "gpu_process_driver_memory_allocated_bytes_total", &me),
+        Some((8 * MIB) as f64),
+        "{page}"
+    );
+    assert_eq!(
+        value(&s, "gpu_process_driver_memory_freed_bytes_total", &me),
+        Some((8 * MIB) as f64),
+        "5 MiB by RM_FREE, 3 MiB at its end: {page}"
+    );
+    let mut on_gpu = me.to_vec();
+    on_gpu.push(("hw_id", uuids[1].as_str()));
+    assert_eq!(
+        value(&s, "gpu_process_driver_memory_usage_bytes", &on_gpu),
+        Some(0.0),
         "{page}"
     );
 }

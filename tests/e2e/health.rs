@@ -86,6 +86,57 @@ fn a_climbing_hbm_temperature_is_predicted_before_it_crosses_its_limit() {
     );
 }
 
+/// A real H200 on 580.159.04 answered the T.Limit fields with shutdown -8, slowdown -2 and
+/// maximum operating 0; read as temperatures, they put that 40 °C GPU over its slowdown and
+/// degraded it. The scenario has the simulator answer the same: the thresholds must come out in
+/// °C and the GPU ok, with no reason.
+#[test]
+fn t_limit_values_are_margins_not_temperatures() {
+    let mut agent = start("h200-tlimit.toml");
+    let body = agent.wait_for(Duration::from_secs(30), |m| m.contains("hw_status{"));
+    std::thread::sleep(Duration::from_secs(3));
+    let body = support::scrape(agent.port, Duration::from_secs(5)).unwrap_or(body);
+    let s = parse(&body);
+    let limit = |loc: &str, kind: &str| {
+        value(
+            &s,
+            "hw_temperature_limit_celsius",
+            &[("hw_sensor_location", loc), ("hw_limit_type", kind)],
+        )
+    };
+    assert_eq!(
+        value(
+            &s,
+            "gpu_temperature_margin_celsius",
+            &[("hw_sensor_location", "gpu_die")]
+        ),
+        Some(47.0),
+        "{body}"
+    );
+    assert_eq!(limit("gpu_die", "throttled"), Some(89.0));
+    assert_eq!(limit("gpu_die", "high.critical"), Some(95.0));
+    assert_eq!(limit("gpu_die", "max"), Some(87.0));
+    assert_eq!(
+        limit("memory_junction", "max"),
+        Some(95.0),
+        "the absolute call"
+    );
+    assert_eq!(
+        value(&s, "hw_status", &[("hw_state", "ok")]),
+        Some(1.0),
+        "{}",
+        body.lines()
+            .filter(|l| l.starts_with("gpu_health_reason") || l.starts_with("hw_status"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        !body.lines().any(|l| l.starts_with("gpu_health_reason{")),
+        "no reason on a cool GPU"
+    );
+    let _ = agent.terminate();
+}
+
 /// No prediction over `secs` of `scenario`, whose HBM temperature must be read on every
 /// scrape and come within reach of the limit (at least `peak` °C): a scenario that stopped
 /// exporting it, or never got warm, would pass vacuously.

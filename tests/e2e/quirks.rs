@@ -298,7 +298,7 @@ fn reset_required_fails_the_gpu_with_the_reason() {
 
 /// Guards the move to the replacements of what CUDA 13 deprecates: on a driver without the
 /// deprecated symbols (and with the renumbered fields of 580.82+), violation time, clock
-/// event reasons and temperatures are still exported.
+/// event reasons, temperatures and the die's thresholds are still exported.
 #[test]
 fn future_driver_without_deprecated_symbols_still_exports_everything() {
     let mut agent = Agent::start("future-driver.toml", "future");
@@ -339,9 +339,21 @@ fn future_driver_without_deprecated_symbols_still_exports_everything() {
             &[("hw_sensor_location", loc), ("hw_limit_type", kind)],
         )
     };
+    // The die's thresholds come from the T.Limit fields (slowdown -3, shutdown -5 degrees of
+    // margin) and the margin (23 below the maximum operating 87 °C), made absolute.
+    assert_eq!(
+        on(
+            "gpu_temperature_margin_celsius",
+            &[("hw_sensor_location", "gpu_die")]
+        ),
+        Some(23.0)
+    );
     assert_eq!(limit("gpu_die", "throttled"), Some(90.0));
     assert_eq!(limit("gpu_die", "high.critical"), Some(92.0));
-    assert_eq!(limit("memory_junction", "max"), Some(95.0));
+    assert_eq!(limit("gpu_die", "max"), Some(87.0));
+    // The memory maximum has only the removed call: nothing makes its T.Limit value absolute,
+    // so there is no memory limit rather than a wrong one.
+    assert_eq!(limit("memory_junction", "max"), None);
 }
 
 /// Guards the current enums and limits: 36 NVLink links (not cut at 18), the DL ECC data

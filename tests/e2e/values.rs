@@ -200,6 +200,15 @@ fn every_family_has_the_scenario_values() {
         90.0,
         "slowdown",
     );
+    close(
+        on(
+            "gpu_temperature_margin_celsius",
+            g0,
+            &[("hw_sensor_location", "gpu_die")],
+        ),
+        23.0,
+        "T.Limit margin: 87 °C maximum operating, 64 °C die",
+    );
 
     // clocks: MHz -> Hz; throttle reasons decoded; ns -> s
     close(

@@ -4,7 +4,7 @@
 //! GPU it says so and exits 0 (CI runs it that way, as a dry run).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -139,6 +139,60 @@ const FIELDS: &[Field] = &[
     },
 ];
 
+/// Fields that not every nvidia-smi knows, each compared with a query of its own (one unknown
+/// name fails a whole query).
+const OPTIONAL_FIELDS: &[Field] = &[Field {
+    smi: "temperature.gpu.tlimit",
+    metric: "gpu.temperature.margin",
+    attr: Some(("hw.sensor_location", "gpu_die")),
+    to_smi: 1.0,
+    tolerance: 3.0,
+    why: "°C of T.Limit margin",
+}];
+
+/// Compares [`OPTIONAL_FIELDS`]; returns the mismatches. A field this nvidia-smi does not
+/// know is reported `smi n/a`.
+fn compare_optional(j: &BTreeMap<String, serde_json::Value>) -> usize {
+    let mut failures = 0;
+    for f in OPTIONAL_FIELDS {
+        let out = Command::new("nvidia-smi")
+            .arg(format!("--query-gpu=uuid,{}", f.smi))
+            .arg("--format=csv,noheader,nounits")
+            .output();
+        let rows = match out {
+            Ok(o) if o.status.success() => {
+                parse_csv(&String::from_utf8_lossy(&o.stdout), &["uuid", f.smi])
+            }
+            _ => Vec::new(),
+        };
+        for row in rows {
+            let uuid = row.get("uuid").cloned().unwrap_or_default();
+            let smi_v = row.get(f.smi).and_then(|v| v.trim().parse::<f64>().ok());
+            let j_v = j
+                .get(&uuid)
+                .and_then(|g| metric(g, f.metric, f.attr))
+                .map(|v| v * f.to_smi);
+            let (result, bad) = match (j_v, smi_v) {
+                (Some(a), Some(b)) if (a - b).abs() <= f.tolerance => ("ok", false),
+                (Some(_), Some(_)) => ("MISMATCH", true),
+                (None, None) => ("n/a", false),
+                (Some(_), None) => ("smi n/a", false),
+                (None, Some(_)) => ("MISSING", true),
+            };
+            failures += usize::from(bad);
+            println!(
+                "{uuid:<40} {:<38} {:>14} {:>14} {result:>9}  ±{} {}",
+                f.smi,
+                j_v.map_or("-".into(), |v| format!("{v:.1}")),
+                smi_v.map_or("-".into(), |v| format!("{v:.1}")),
+                f.tolerance,
+                f.why
+            );
+        }
+    }
+    failures
+}
+
 /// A setting nvidia-smi prints as a word: its query name, Junction's metric, and where
 /// Junction keeps the setting (`Value(attr)`: the series' value, 1 for `Enabled`; `Label(key)`:
 /// the label of the series whose value is 1).
@@ -253,8 +307,9 @@ fn label(gpu: &serde_json::Value, name: &str, key: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Runs the check; `Ok` on a host without a GPU (dry run).
-pub fn run_check() -> Result<()> {
+/// Runs the check; `Ok` on a host without a GPU (dry run). `junction`: a built binary to
+/// check (a GPU host without a Rust toolchain); `None` builds the release binary here.
+pub fn run_check(junction: Option<PathBuf>) -> Result<()> {
     let smi = Command::new("nvidia-smi").arg("-L").output();
     let gpus = match smi {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
@@ -270,9 +325,17 @@ pub fn run_check() -> Result<()> {
         );
         return Ok(());
     }
-    println!("gpu-check: {gpus} GPU(s); building junction");
-    run(cargo().args(["build", "--release", "--quiet", "-p", "junction"]))?;
-    let junction = root().join("target/release/junction");
+    let junction = match junction {
+        Some(path) => {
+            println!("gpu-check: {gpus} GPU(s); checking {}", path.display());
+            path
+        }
+        None => {
+            println!("gpu-check: {gpus} GPU(s); building junction");
+            run(cargo().args(["build", "--release", "--quiet", "-p", "junction"]))?;
+            root().join("target/release/junction")
+        }
+    };
     let j = junction_once(&junction)?;
     let query: Vec<&str> = std::iter::once("uuid")
         .chain(FIELDS.iter().map(|f| f.smi))
@@ -356,6 +419,7 @@ pub fn run_check() -> Result<()> {
             used
         );
     }
+    failures += compare_optional(&j);
     failures += compare_settings(&j);
     pynvml_cross_check(&junction)?;
     if failures > 0 {

@@ -39,7 +39,8 @@ commands:
                     fuzz every parser of outside input for N seconds each (default 60); --write
                     puts the figures in BENCHMARKS.md's fuzzing section
   image             build the container image with podman from the Dockerfile; prints its reference last
-  gpu-check         on a GPU host, compare junction with nvidia-smi and pynvml (a dry run without a GPU)
+  gpu-check         on a GPU host, compare junction with nvidia-smi and pynvml (a dry run without a GPU);
+                    --junction PATH checks that binary instead of building one
 ";
 
 fn main() -> Result<()> {
@@ -76,7 +77,16 @@ fn main() -> Result<()> {
         "bench" => bench::run(rest.iter().any(|a| a == "--smoke")),
         "image" => image::build().map(|r| println!("{r}")),
         "fuzz" => fuzz_command(rest),
-        "gpu-check" => gpu_check::run_check(),
+        "gpu-check" => gpu_check::run_check(
+            rest.iter()
+                .position(|a| a == "--junction")
+                .map(|i| {
+                    rest.get(i + 1)
+                        .map(std::path::PathBuf::from)
+                        .context("--junction takes the path of a built junction binary")
+                })
+                .transpose()?,
+        ),
         _ => {
             eprint!("{USAGE}");
             if cmd.is_empty() || cmd == "help" || cmd == "--help" {
@@ -123,12 +133,18 @@ fn fuzz_command(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The workspace root.
+/// The workspace root: where this binary was built, or, for a binary carried to another host
+/// (`gpu-check` on a GPU host without a Rust toolchain), the current directory.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map(Path::to_path_buf)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if built.join("Cargo.toml").exists() {
+        built
+    } else {
+        std::env::current_dir().unwrap_or(built)
+    }
 }
 
 /// Runs a command, failing with its name if it fails.
@@ -305,5 +321,5 @@ fn test() -> Result<()> {
         .env("JUNCTION_IMAGE", &image);
     run(&mut c)?;
     // The real-GPU comparison: a dry run here (no GPU), kept from rotting.
-    gpu_check::run_check()
+    gpu_check::run_check(None)
 }

@@ -228,8 +228,8 @@ export!(
     }
 );
 
-// Deprecated on Ada and newer in CUDA 13 (replaced by the `*_TLIMIT` fields): absent from
-// the `future` build.
+// Deprecated on Ada and newer in CUDA 13 (replaced by the `*_TLIMIT` fields, which answer on
+// the T.Limit scale): absent from the `future` build. Absolute temperatures.
 #[cfg(not(feature = "future"))]
 export!(
     fn nvmlDeviceGetTemperatureThreshold(device: nvmlDevice_t, kind: c_uint, temp: *mut c_uint) {
@@ -244,6 +244,43 @@ export!(
             temp,
             vu("nvmlDeviceGetTemperatureThreshold", device, key)?,
         ))
+    }
+);
+
+/// A die threshold on the T.Limit scale: the margin (degrees below the maximum operating
+/// temperature, `temp_gpu_max`) at which the die reaches it; 0 for the maximum itself,
+/// negative past it. None where the scenario gives no maximum operating temperature.
+fn tlimit(g: &crate::scenario::Gpu, key: &str, now: f64) -> Option<f64> {
+    Some(g.value("temp_gpu_max", now)? - g.value(key, now)?)
+}
+
+/// `nvmlMarginTemperature_v1_t`'s version word: `sizeof | 1 << 24`.
+#[cfg(not(any(feature = "legacy", feature = "r535")))]
+const MARGIN_TEMPERATURE_V1: c_uint =
+    std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlMarginTemperature_v1_t>() as c_uint
+        | 1 << 24;
+
+// The thermal margin ("GPU T.Limit Temp" in nvidia-smi): degrees between the die and its
+// maximum operating temperature, on the scale of the `*_TLIMIT` fields.
+#[cfg(not(any(feature = "legacy", feature = "r535")))]
+export!(
+    fn nvmlDeviceGetMarginTemperature(
+        device: nvmlDevice_t,
+        margin: *mut nvml_wrapper_sys::bindings::nvmlMarginTemperature_t,
+    ) {
+        if margin.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        if (*margin).version != MARGIN_TEMPERATURE_V1 {
+            return Err(ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let (sim, g) = gpu(device, "nvmlDeviceGetMarginTemperature")?;
+        let die = value(sim, g, "temp_gpu")?;
+        let max = g
+            .value("temp_gpu_max", sim.now())
+            .ok_or(ERROR_NOT_SUPPORTED)?;
+        (*margin).marginTemperature = (max - die).round() as c_int;
+        Ok(SUCCESS)
     }
 );
 
@@ -779,10 +816,17 @@ export!(
                 FI_CLOCKS_EVENT_HW_POWER_BRAKE if newer => {
                     (VALUE_ULL, g.value("violation_hw_power_brake_ns", now))
                 }
-                FI_TEMP_SHUTDOWN_TLIMIT if newer => (VALUE_SINT, g.value("temp_shutdown", now)),
-                FI_TEMP_SLOWDOWN_TLIMIT if newer => (VALUE_SINT, g.value("temp_slowdown", now)),
-                FI_TEMP_MEM_MAX_TLIMIT if newer => (VALUE_SINT, g.value("temp_mem_max", now)),
-                FI_TEMP_GPU_MAX_TLIMIT if newer => (VALUE_SINT, g.value("temp_gpu_max", now)),
+                // On the T.Limit scale, as real drivers answer (an H200 on 580.159: shutdown
+                // -8, slowdown -2, GPU and memory max 0): degrees of margin at which each
+                // threshold is reached, not temperatures.
+                FI_TEMP_SHUTDOWN_TLIMIT if newer => (VALUE_SINT, tlimit(g, "temp_shutdown", now)),
+                FI_TEMP_SLOWDOWN_TLIMIT if newer => (VALUE_SINT, tlimit(g, "temp_slowdown", now)),
+                FI_TEMP_MEM_MAX_TLIMIT if newer => (
+                    VALUE_SINT,
+                    g.value("temp_mem_max", now)
+                        .and(tlimit(g, "temp_gpu_max", now)),
+                ),
+                FI_TEMP_GPU_MAX_TLIMIT if newer => (VALUE_SINT, tlimit(g, "temp_gpu_max", now)),
                 FI_NVLINK_RECOVERY_SUCCESSFUL if nvlink && newer => {
                     (VALUE_ULL, g.value("nvlink_recovery_successful", now))
                 }

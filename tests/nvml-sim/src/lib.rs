@@ -13,7 +13,7 @@
 //! | `bar1_total_mib`, `bar1_used_mib` | BAR1 memory info | MiB |
 //! | `power_mw`, `power_limit_mw`, `power_default_limit_mw`, `power_min_limit_mw`, `power_max_limit_mw` | power | mW |
 //! | `energy_mj` | total energy consumption | mJ |
-//! | `temp_gpu`, `temp_memory` (field 82), `temp_slowdown`, `temp_shutdown`, `temp_gpu_max`, `temp_mem_max` | temperatures | °C |
+//! | `temp_gpu`, `temp_memory` (field 82), `temp_slowdown`, `temp_shutdown`, `temp_gpu_max`, `temp_mem_max` | temperatures and thresholds (absolute from `nvmlDeviceGetTemperatureThreshold`; on the T.Limit scale, `temp_gpu_max` minus each, from the `*_TLIMIT` fields 193–196 and `nvmlDeviceGetMarginTemperature`, as real drivers answer) | °C |
 //! | `fan_pct` | fan speed (with `num_fans` > 0) | % |
 //! | `clock_{graphics,sm,mem,video}_mhz`, `max_clock_{graphics,sm,mem,video}_mhz` | clocks | MHz |
 //! | `pstate`, `throttle_reasons` (bitmask) | performance state, clock event reasons | |

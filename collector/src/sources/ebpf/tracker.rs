@@ -69,6 +69,17 @@ impl Proc {
     }
 }
 
+impl Proc {
+    /// At its end: the driver frees what a process held when its descriptors close (no
+    /// `NV_ESC_RM_FREE` is issued), so its memory counts as freed and it holds nothing more.
+    /// Its series stay for the retention with what it allocated and freed, and zero held.
+    fn release(&mut self) {
+        let held: u64 = self.objects.values().map(|o| o.size).sum();
+        self.freed = self.freed.saturating_add(held);
+        self.objects.clear();
+    }
+}
+
 /// Per GPU, what a process holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Holding {
@@ -343,6 +354,7 @@ impl Tracker {
         p.stats = e.stats;
         if p.ended.is_none() {
             p.ended = Some(Instant::now());
+            p.release();
             notes.push(Note::Ended { tgid: e.tgid });
         }
     }
@@ -365,6 +377,7 @@ impl Tracker {
             && p.ended.is_none()
         {
             p.ended = Some(Instant::now());
+            p.release();
             notes.push(Note::Ended { tgid });
         }
     }

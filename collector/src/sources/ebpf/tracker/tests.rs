@@ -248,9 +248,13 @@ fn contexts_slow_calls_and_exit() {
     let mut copy = call(Op::RmAlloc, 1, 2, 21, class::CHANNEL_GROUP, 0);
     copy.extra = 9;
     t.call(&copy, &mut n);
+    t.call(&call(Op::RmAlloc, 1, 2, 22, 0x40, 3 << 20), &mut n);
     assert_eq!(
-        t.holdings(&t.procs[&100], &none)[&uuid_string(&UUID)].contexts,
-        1
+        t.holdings(&t.procs[&100], &none)[&uuid_string(&UUID)],
+        Holding {
+            memory: 3 << 20,
+            contexts: 1
+        }
     );
     let mut slow = call(Op::RmControl, 1, 0, 2, 0, 0x2080_018E);
     slow.flags |= flag::SLOW;
@@ -275,6 +279,14 @@ fn contexts_slow_calls_and_exit() {
     );
     assert_eq!(n.last(), Some(&Note::Ended { tgid: 100 }));
     assert_eq!(t.procs[&100].stats.calls[..N_OPS][0], 3);
+    // Its end freed what it held (the driver does so as its descriptors close, with no
+    // RM_FREE): zero held on its GPU, which stays listed, and the bytes counted as freed.
+    assert_eq!(
+        t.holdings(&t.procs[&100], &none)[&uuid_string(&UUID)],
+        Holding::default()
+    );
+    assert_eq!(t.procs[&100].allocated, 3 << 20);
+    assert_eq!(t.procs[&100].freed, 3 << 20);
     // Map reads after the exit do not overwrite the final aggregates.
     t.stats(100, ProcStats::default());
     assert_eq!(t.procs[&100].stats.calls[0], 3);

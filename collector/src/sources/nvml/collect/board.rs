@@ -4,8 +4,8 @@ use nvml_wrapper::enum_wrappers::device::{TemperatureSensor, TemperatureThreshol
 
 use super::raw::{self, Decode, FieldRequest};
 use super::{
-    FI_MEMORY_TEMP, FI_TLIMIT_GPU_MAX, FI_TLIMIT_MEM_MAX, FI_TLIMIT_SHUTDOWN, FI_TLIMIT_SLOWDOWN,
-    PLAUSIBLE_CELSIUS, field, fields, pct,
+    FI_MEMORY_TEMP, FI_TLIMIT_GPU_MAX, FI_TLIMIT_SHUTDOWN, FI_TLIMIT_SLOWDOWN, PLAUSIBLE_CELSIUS,
+    field, fields, pct,
 };
 use crate::model::{Feature, Metric, Sample};
 use crate::sources::nvml::worker::{Ctx, Halt};
@@ -93,35 +93,44 @@ pub(super) fn power(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt
     Ok(())
 }
 
-/// (field, legacy threshold, location, limit type: OpenTelemetry's `hw.limit_type`, which
-/// "MUST" be used where one applies — NVML's slowdown is `throttled`, its shutdown
-/// `high.critical`, its maximum operating temperatures `max`)
-const THRESHOLDS: [(u32, TemperatureThreshold, &str, &str); 4] = [
+/// (T.Limit field, legacy threshold, location, limit type: OpenTelemetry's `hw.limit_type`,
+/// which "MUST" be used where one applies — NVML's slowdown is `throttled`, its shutdown
+/// `high.critical`, its maximum operating temperatures `max`). The memory maximum has no field
+/// here: its T.Limit value cannot be made absolute (there is no memory margin to read).
+const THRESHOLDS: [(Option<u32>, TemperatureThreshold, &str, &str); 4] = [
     (
-        FI_TLIMIT_SLOWDOWN,
+        Some(FI_TLIMIT_SLOWDOWN),
         TemperatureThreshold::Slowdown,
         "gpu_die",
         "throttled",
     ),
     (
-        FI_TLIMIT_SHUTDOWN,
+        Some(FI_TLIMIT_SHUTDOWN),
         TemperatureThreshold::Shutdown,
         "gpu_die",
         "high.critical",
     ),
     (
-        FI_TLIMIT_GPU_MAX,
+        Some(FI_TLIMIT_GPU_MAX),
         TemperatureThreshold::GpuMax,
         "gpu_die",
         "max",
     ),
     (
-        FI_TLIMIT_MEM_MAX,
+        None,
         TemperatureThreshold::MemoryMax,
         "memory_junction",
         "max",
     ),
 ];
+
+/// A die threshold in °C from its T.Limit value: the fields answer in degrees of margin (an
+/// H200 on 580.159: slowdown -2, shutdown -8, maximum operating 0), and the margin is how far
+/// the die is below its maximum operating temperature, so the threshold lies at
+/// `die + margin - value`.
+pub(crate) fn absolute_threshold(die: f64, margin: f64, tlimit: f64) -> f64 {
+    die + margin - tlimit
+}
 
 pub(super) fn temperature(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     // The die temperature: `nvmlDeviceGetTemperatureV` first (CUDA 13 deprecates
@@ -151,31 +160,44 @@ pub(super) fn temperature(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<()
             );
         }
     }
-    // Thresholds: the `*_TLIMIT` fields first, the deprecated call for those a driver lacks.
+    let margin = ctx
+        .call("temperature_margin", |d| raw::margin_temperature(nvml, d))?
+        .map(f64::from);
+    if let Some(m) = margin {
+        out.push(Sample::new(Metric::TemperatureMargin, m).with("hw.sensor_location", "gpu_die"));
+    }
+    // Thresholds: the die's from the `*_TLIMIT` fields (NVIDIA's preferred interface on Ada and
+    // newer) made absolute with the margin; the deprecated call for what those cannot give.
     let requests: Vec<FieldRequest> = THRESHOLDS
         .iter()
-        .map(|(id, ..)| FieldRequest::typed(*id))
+        .filter_map(|(id, ..)| id.map(FieldRequest::typed))
         .collect();
-    let from_fields = fields(ctx, "temperature_thresholds", &requests)?;
-    for ((id, kind, location, limit), v) in THRESHOLDS.iter().zip(from_fields) {
-        let v = match v {
+    let mut from_fields = fields(ctx, "temperature_thresholds", &requests)?.into_iter();
+    for (id, kind, location, limit) in &THRESHOLDS {
+        let tlimit = id.and_then(|_| from_fields.next().flatten());
+        let derived = match (tlimit, die, margin) {
+            (Some(tl), Some(t), Some(m)) => Some(absolute_threshold(t, m, tl)),
+            _ => None,
+        };
+        let v = match derived {
             Some(v) => Some(v),
-            None if ctx.is_disabled("temperature_thresholds")
-                || ctx.is_disabled(Feature::at("temperature_thresholds", *id)) =>
-            {
-                ctx.call(Feature::at("temperature_threshold", *id), |d| {
+            None => ctx
+                .call(Feature::at("temperature_threshold", *kind as u32), |d| {
                     d.temperature_threshold(*kind)
                 })?
-                .map(f64::from)
-            }
-            None => None,
+                .map(f64::from),
         };
-        if let Some(t) = v {
-            out.push(
+        match v {
+            Some(t) if PLAUSIBLE_CELSIUS.contains(&t) => out.push(
                 Sample::new(Metric::TemperatureLimit, t)
                     .with("hw.sensor_location", *location)
                     .with("hw.limit_type", *limit),
-            );
+            ),
+            Some(t) => ctx.implausible(
+                "temperature_thresholds",
+                format!("implausible {location} {limit} temperature limit {t} °C"),
+            ),
+            None => {}
         }
     }
     // Each fan is a component of its own (OpenTelemetry's hw.id is the fan's), on its GPU.

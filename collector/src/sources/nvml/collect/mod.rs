@@ -28,11 +28,12 @@ pub(super) const FI_NVLINK_LINK_COUNT: u32 = 91;
 /// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX` / `_RX` (KiB, per link through `scopeId`)
 pub(super) const FI_NVLINK_TX: u32 = 138;
 pub(super) const FI_NVLINK_RX: u32 = 139;
-/// `NVML_FI_DEV_TEMPERATURE_{SHUTDOWN,SLOWDOWN,MEM_MAX,GPU_MAX}_TLIMIT`: the thresholds
-/// that replace `nvmlDeviceGetTemperatureThreshold` on Ada and newer.
+/// `NVML_FI_DEV_TEMPERATURE_{SHUTDOWN,SLOWDOWN,GPU_MAX}_TLIMIT`: the die thresholds that
+/// replace `nvmlDeviceGetTemperatureThreshold` on Ada and newer, on the T.Limit scale (degrees
+/// of `nvmlDeviceGetMarginTemperature`'s margin, not temperatures). `MEM_MAX` (195) is not
+/// read: nothing makes it absolute.
 pub(super) const FI_TLIMIT_SHUTDOWN: u32 = 193;
 pub(super) const FI_TLIMIT_SLOWDOWN: u32 = 194;
-pub(super) const FI_TLIMIT_MEM_MAX: u32 = 195;
 pub(super) const FI_TLIMIT_GPU_MAX: u32 = 196;
 /// `NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_{SUCCESSFUL_EVENTS,FAILED_EVENTS,EVENTS}`
 /// (per link; Blackwell).

@@ -139,6 +139,22 @@ pub fn temperature_v(nvml: &Nvml, d: &Device<'_>) -> Result<i32, NvmlError> {
     Ok(t.temperature)
 }
 
+/// `nvmlDeviceGetMarginTemperature` (`nvmlMarginTemperature_v1_t`): the die's thermal margin,
+/// degrees below its maximum operating temperature on the T.Limit scale of the
+/// `NVML_FI_DEV_TEMPERATURE_*_TLIMIT` fields (nvidia-smi's "GPU T.Limit Temp").
+pub fn margin_temperature(nvml: &Nvml, d: &Device<'_>) -> Result<i32, NvmlError> {
+    use nvml_wrapper_sys::bindings::nvmlMarginTemperature_v1_t;
+    let f = sym(&nvml.lib().nvmlDeviceGetMarginTemperature)?;
+    // nvml.h: `#define nvmlMarginTemperature_v1 NVML_STRUCT_VERSION(MarginTemperature, 1)`.
+    let mut m = nvmlMarginTemperature_v1_t {
+        version: std::mem::size_of::<nvmlMarginTemperature_v1_t>() as c_uint | 1 << 24,
+        marginTemperature: 0,
+    };
+    // SAFETY: a live handle and a versioned struct of the size its version word states.
+    nvml_try(unsafe { f(d.handle(), &mut m) })?;
+    Ok(m.marginTemperature)
+}
+
 /// `nvmlDeviceGetCurrentClocksEventReasons`, the name that replaced
 /// `nvmlDeviceGetCurrentClocksThrottleReasons` (same bits).
 pub fn clocks_event_reasons(nvml: &Nvml, d: &Device<'_>) -> Result<u64, NvmlError> {
