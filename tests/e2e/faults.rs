@@ -322,6 +322,8 @@ fn hanging_init_is_reported_and_the_agent_serves() {
         pending.terminate().success(),
         "SIGTERM exits 0 while NVML is still starting"
     );
+    // Every source stopped within the deadline: none was left waiting for NVML's list.
+    assert!(!pending.log().contains("left behind"), "{}", pending.log());
 }
 
 /// `/metrics` answers with the NVML source down and `/healthz` does not answer 200; returns the

@@ -287,6 +287,29 @@ impl Model {
         *g
     }
 
+    /// [`Model::wait_inventory`] that stops waiting when `shutdown` is triggered: Some(known)
+    /// after the wait, None if shutting down (a thread waiting for a hung NVML must not hold
+    /// up SIGTERM).
+    pub fn wait_inventory_unless(
+        &self,
+        limit: std::time::Duration,
+        shutdown: &crate::shutdown::Shutdown,
+    ) -> Option<bool> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.wait_inventory(left.min(std::time::Duration::from_millis(100))) {
+                return Some(true);
+            }
+            if shutdown.is_triggered() {
+                return None;
+            }
+            if left.is_zero() {
+                return Some(false);
+            }
+        }
+    }
+
     /// Records driver identity.
     pub fn set_driver(&self, d: DriverInfo) {
         *lock(&self.driver) = Some(d);

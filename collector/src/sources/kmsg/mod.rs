@@ -28,6 +28,7 @@ use crate::config::{Config, Invalid, config_section};
 use crate::model::xid::{Report, Via};
 use crate::model::xid_catalog::recovery_action;
 use crate::model::{AttrValue, Metric, Model, Sample};
+use crate::shutdown::Shutdown;
 use parser::{Detail, Parsed, Parser};
 
 config_section! {
@@ -384,16 +385,19 @@ fn yes(b: bool) -> AttrValue {
 
 /// XIDs are mapped to GPUs by PCI address: reading waits (at most NVML's own start-up
 /// deadline) until NVML has listed the GPUs, so that the log read from boot is attributed to
-/// GPU UUIDs rather than to bare PCI addresses.
-fn wait_for_gpus(config: &Config, model: &Model) {
+/// GPU UUIDs rather than to bare PCI addresses. False if shutdown came first.
+fn wait_for_gpus(config: &Config, model: &Model, shutdown: &Shutdown) -> bool {
     if config.sources.nvml.enabled {
         let limit = Duration::from_secs(config.sources.nvml.init_timeout_secs.max(1));
-        if !model.wait_inventory(limit) {
-            tracing::warn!(
+        match model.wait_inventory_unless(limit, shutdown) {
+            None => return false,
+            Some(false) => tracing::warn!(
                 "NVML has not listed the GPUs yet; reading the kernel log anyway (XIDs of unlisted GPUs are counted by PCI address)"
-            );
+            ),
+            Some(true) => {}
         }
     }
+    true
 }
 
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
@@ -410,9 +414,10 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
                     (ctx.model.clone(), ctx.shutdown.clone(), config.clone());
                 device_thread = Some(std::thread::Builder::new().name("kmsg".into()).spawn(
                     move || {
-                        wait_for_gpus(&cfg, &model);
-                        crate::privileges::wait_gate();
-                        device::run(file, &input, &model, &shutdown)
+                        if wait_for_gpus(&cfg, &model, &shutdown) {
+                            crate::privileges::wait_gate();
+                            device::run(file, &input, &model, &shutdown);
+                        }
                     },
                 )?);
                 tracing::info!(device = %c.device, "reading the kernel log");
@@ -441,7 +446,9 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
             std::thread::Builder::new()
                 .name("kmsg-files".into())
                 .spawn(move || {
-                    wait_for_gpus(&cfg, &model);
+                    if !wait_for_gpus(&cfg, &model, &shutdown) {
+                        return;
+                    }
                     crate::privileges::wait_gate();
                     // The files' reads (tokio's file I/O) go to the blocking pool: a thread
                     // or two, named for the reader, that stay between appends.

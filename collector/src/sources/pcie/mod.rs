@@ -55,7 +55,9 @@ pub const COMPONENT: Component = Component {
     start: |c, ctx| Box::pin(async move { Ok(tokio::spawn(run(c, ctx))) }),
     once: Some(|c, model| {
         Box::pin(async move {
-            model.wait_inventory(Duration::from_secs(5));
+            if c.sources.nvml.enabled {
+                model.wait_inventory(Duration::from_secs(5));
+            }
             let mut s = State::default();
             s.poll(&c, &model, Instant::now());
             if s.functions == 0 {
@@ -74,10 +76,20 @@ pub const COMPONENT: Component = Component {
 
 async fn run(config: Arc<Config>, ctx: Ctx) {
     let interval = Duration::from_secs(config.sources.pcie.interval_secs.max(1));
+    // GPUs on the bus are compared with NVML's list: the first read waits until NVML has made
+    // it (at most NVML's own start-up deadline), and a shutdown meanwhile is not held up.
+    if config.sources.nvml.enabled {
+        let limit = Duration::from_secs(config.sources.nvml.init_timeout_secs.max(1));
+        let deadline = Instant::now() + limit;
+        while !ctx.model.wait_inventory(Duration::ZERO) && Instant::now() < deadline {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                () = ctx.shutdown.wait() => return,
+            }
+        }
+    }
     let model = ctx.model.clone();
     crate::sources::sysfs::run_blocking("pcie", interval, ctx, move |s: &mut State| {
-        // GPUs on the bus are compared with NVML's list once NVML has made it.
-        model.wait_inventory(Duration::from_secs(30));
         s.poll(&config, &model, Instant::now());
     })
     .await;
