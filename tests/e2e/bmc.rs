@@ -108,7 +108,21 @@ fn sensor_metric(doc: &Value) -> (&'static str, f64) {
         "%" => "Percent",
         _ => "Other",
     });
+    // A GPU's T.Limit as HGX BMCs publish it: a temperature whose thresholds are all lower
+    // ones, at or below 0 and one negative, is a margin.
+    let thresholds: Vec<(&String, f64)> = doc["Thresholds"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k, num(&v["Reading"])?)))
+        .collect();
+    let margin = !thresholds.is_empty()
+        && thresholds
+            .iter()
+            .all(|(k, v)| k.starts_with("Lower") && *v <= 0.0)
+        && thresholds.iter().any(|(_, v)| *v < 0.0);
     match ty {
+        "Temperature" if margin => ("bmc_sensor_reading", 1.0),
         "Temperature" => ("hw_temperature_celsius", 1.0),
         "Humidity" => ("cooling_humidity_ratio", 0.01),
         "Power" => (power_metric(ctx, false), 1.0),
@@ -363,7 +377,7 @@ fn dmtf_and_dgx_mockups_every_exported_value_equals_the_tree() {
         .expect("DGX Thermal"),
     )
     .expect("json");
-    let mut legacy = 0;
+    let (mut legacy, mut margins) = (0, 0);
     for (key, metric, field) in [
         ("Temperatures", "hw_temperature_celsius", "ReadingCelsius"),
         ("Fans", "hw_fan_speed_rpm", "Reading"),
@@ -373,6 +387,21 @@ fn dmtf_and_dgx_mockups_every_exported_value_equals_the_tree() {
                 continue;
             };
             let labels = [("junction_target", "dgx"), ("hw_name", name)];
+            // A GPU's T.Limit (TLIMIT_GB_SXMn: lower thresholds 0, -3, -5 and no upper one) is
+            // a margin, not a temperature: a reading in Cel of its own.
+            if key == "Temperatures"
+                && num(&t["LowerThresholdCritical"]).is_some_and(|c| c < 0.0)
+                && num(&t["UpperThresholdCritical"]).is_none()
+            {
+                assert_eq!(
+                    value(&series, "bmc_sensor_reading", &labels),
+                    Some(v),
+                    "{name}"
+                );
+                assert_eq!(value(&series, metric, &labels), None, "{name}");
+                margins += 1;
+                continue;
+            }
             assert_eq!(value(&series, metric, &labels), Some(v), "{name}");
             // Thresholds as the conventions name them (hw.limit_type).
             let limit = if key == "Fans" {
@@ -396,6 +425,22 @@ fn dmtf_and_dgx_mockups_every_exported_value_equals_the_tree() {
         }
     }
     assert!(legacy > 0, "the DGX's legacy Thermal has readings");
+    assert!(margins > 0, "the DGX's legacy Thermal has T.Limit sensors");
+    // Its HGX sensors' T.Limit (HGX_GPU_SXM_n_TEMP_1) likewise, one per GPU, on the GPU.
+    let hgx: Vec<_> = series
+        .iter()
+        .filter(|s| {
+            s.name == "bmc_sensor_reading"
+                && s.labels
+                    .get("hw_id")
+                    .is_some_and(|id| id.ends_with("_TEMP_1"))
+        })
+        .collect();
+    assert!(!hgx.is_empty(), "HGX T.Limit sensors");
+    assert!(
+        hgx.iter().all(|s| s.labels.contains_key("hw_parent")),
+        "{hgx:#?}"
+    );
     assert_eq!(
         value(
             &series,

@@ -120,10 +120,26 @@ fn expected(row: &Row, tree: &Path) -> (&'static str, f64, Class) {
         .and_then(|d| d["Name"].as_str().map(str::to_string))
         .filter(|_| row.reference.starts_with("/redfish/"))
         .unwrap_or_else(|| row.name.clone());
-    let margin = sensor_name
-        .to_ascii_lowercase()
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .any(|w| w == "dts" || w == "margin");
+    // Or by its thresholds: a T.Limit (degrees below a GPU's or CPU's limit) is published as
+    // a temperature whose thresholds are all lower ones, at or below 0, one negative.
+    let lower: Vec<f64> = doc(tree, &row.reference)
+        .and_then(|d| d["Thresholds"].as_object().cloned())
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            k.starts_with("Lower")
+                .then(|| v["Reading"].as_f64())
+                .flatten()
+        })
+        .collect::<Option<Vec<f64>>>()
+        .unwrap_or_default();
+    let t_limit =
+        !lower.is_empty() && lower.iter().all(|v| *v <= 0.0) && lower.iter().any(|v| *v < 0.0);
+    let margin = t_limit
+        || sensor_name
+            .to_ascii_lowercase()
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|w| w == "dts" || w == "margin");
     let fan_kind = row.kind.starts_with("Thermal.Fans") || row.kind == "ThermalSubsystem.Fan";
     match (row.kind.as_str(), row.unit.as_str()) {
         ("EnvironmentMetrics.TemperatureCelsius", _) => {

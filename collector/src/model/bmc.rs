@@ -463,7 +463,13 @@ impl Poll {
         }
         for r in &self.readings {
             let mut hw_type = r.hw_type.as_str();
+            // A T.Limit is a reading in Cel of its own, as a DTS margin is.
+            let margin = is_thermal_margin(r);
+            if margin {
+                hw_type = Quantity::Other.sensor_type();
+            }
             let metric = match r.quantity {
+                _ if margin => Metric::SensorReading,
                 Quantity::Power | Quantity::Energy => {
                     let energy = r.quantity == Quantity::Energy;
                     let about_gpu = r.parent.as_deref().is_some_and(|p| gpus.contains(p))
@@ -497,12 +503,15 @@ impl Poll {
             }
             if r.quantity == Quantity::Other {
                 s = s.with("bmc.sensor.unit", r.unit.clone());
+            } else if margin {
+                s = s.with("bmc.sensor.unit", registry_unit(r));
             }
             if has_value {
                 out.push(s);
             }
             // The conventions' families: a state set of the sensor and its limits.
             let limit = match r.quantity {
+                _ if margin => None,
                 Quantity::Temperature => Some((Metric::TemperatureLimit, "temperature")),
                 Quantity::Voltage => Some((Metric::VoltageLimit, "voltage")),
                 Quantity::FanRpm => Some((Metric::FanRpmLimit, "fan")),
@@ -549,15 +558,42 @@ impl Poll {
     }
 }
 
+/// A temperature sensor that reads a thermal margin, not a temperature: NVIDIA's HGX BMCs
+/// publish each GPU's (and a GB200's Grace CPU's: 0, -4, -5) T.Limit (degrees below its maximum operating temperature, the scale of
+/// NVML's T.Limit values) as a `Temperature` sensor in `Cel` whose thresholds are all lower
+/// ones at or below 0, one of them negative (Sensor `HGX_GPU_SXM_n_TEMP_1`: caution 0,
+/// critical -2, fatal -8; a DGX's legacy Thermal `TLIMIT_GB_SXMn`: 0, -3, -5). No temperature
+/// sensor alarms at -2 °C.
+pub fn is_thermal_margin(r: &Reading) -> bool {
+    r.quantity == Quantity::Temperature
+        && !r.thresholds.is_empty()
+        && r.thresholds
+            .iter()
+            .all(|(n, v)| n.starts_with("lower") && *v <= 0.0)
+        && r.thresholds.iter().any(|(_, v)| *v < 0.0)
+}
+
+/// The warmest of some readings.
+fn warmest<'a>(rs: impl Iterator<Item = &'a Reading>) -> Option<&'a Reading> {
+    rs.max_by(|a, b| a.value.total_cmp(&b.value))
+}
+
+/// Air-intake sensors at most, by physical context, for that context to say where a sensor
+/// is: a BMC that calls more of them intake (a DGX's AMI BMC puts all 120 of its legacy
+/// temperatures, retimers and voltage regulators included, at `Intake`) is taken at its
+/// sensors' names instead.
+const MAX_INTAKE_SENSORS: usize = 8;
+
 /// The conventions' host temperatures, from a host BMC's sensors: `hw.host.ambient_temperature`
 /// (the warmest air intake: what the host breathes) and `hw.host.heating_margin` (how many
 /// degrees any internal sensor has before its warning threshold: the least over the
 /// temperatures with an upper caution threshold, or a critical one where there is none).
+/// Thermal-margin sensors are neither.
 fn host_temperatures(host: &str, readings: &[Reading], target: &AttrValue) -> Vec<Sample> {
     let temps = || {
-        readings
-            .iter()
-            .filter(|r| r.quantity == Quantity::Temperature && r.value.is_finite())
+        readings.iter().filter(|r| {
+            r.quantity == Quantity::Temperature && r.value.is_finite() && !is_thermal_margin(r)
+        })
     };
     let sample = |m: Metric, v: f64, name: &str| {
         Sample::new(m, v)
@@ -566,10 +602,21 @@ fn host_temperatures(host: &str, readings: &[Reading], target: &AttrValue) -> Ve
             .with("junction.target", target.clone())
     };
     let mut out = Vec::new();
-    if let Some(r) = temps()
-        .filter(|r| matches!(r.location.as_deref(), Some("intake" | "room" | "ambient")))
-        .max_by(|a, b| a.value.total_cmp(&b.value))
-    {
+    let by_context =
+        || temps().filter(|r| matches!(r.location.as_deref(), Some("intake" | "room" | "ambient")));
+    let named = |words: &'static [&'static str]| {
+        temps().filter(move |r| {
+            let n = r.name.to_ascii_lowercase();
+            words.iter().any(|w| n.contains(w))
+        })
+    };
+    let air = if by_context().count() <= MAX_INTAKE_SENSORS {
+        warmest(by_context())
+    } else {
+        // Names: an ambient sensor first (the room's air), else the inlets.
+        warmest(named(&["ambient"])).or_else(|| warmest(named(&["inlet", "intake"])))
+    };
+    if let Some(r) = air {
         out.push(sample(Metric::HostAmbient, r.value, &r.name));
     }
     let margin = |r: &Reading| {
@@ -801,6 +848,72 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["warning"]
         );
+    }
+
+    /// A GPU's T.Limit sensor as a DGX's BMC publishes it (a temperature in Cel, thresholds
+    /// LowerCaution 0, LowerCritical -2, LowerFatal -8) is a margin: not a temperature, not
+    /// the host's ambient; and a BMC that puts every sensor at the air intake is taken at its
+    /// sensors' names for the ambient.
+    #[test]
+    fn a_t_limit_sensor_is_a_margin_and_an_all_intake_bmc_is_read_by_name() {
+        let mut tlimit = reading("tl", "temperature", Quantity::Temperature, 55.0);
+        tlimit.thresholds = vec![
+            ("lower_caution", 0.0),
+            ("lower_critical", -2.0),
+            ("lower_fatal", -8.0),
+        ];
+        tlimit.location = Some("intake".into());
+        tlimit.state = Reading::level(55.0, &tlimit.thresholds, None);
+        let mut freeze = reading("cold", "temperature", Quantity::Temperature, 20.0);
+        freeze.thresholds = vec![("lower_caution", 0.0)];
+        assert!(is_thermal_margin(&tlimit));
+        assert!(
+            !is_thermal_margin(&freeze),
+            "a 0 °C low alarm is a temperature's"
+        );
+        let mut readings = vec![tlimit];
+        for i in 0..10 {
+            let mut r = reading(
+                &format!("retimer{i}"),
+                "temperature",
+                Quantity::Temperature,
+                58.0,
+            );
+            r.location = Some("intake".into());
+            readings.push(r);
+        }
+        for (name, v) in [("TEMP_AMBIENT", 22.0), ("TEMP_MB_INLET", 25.0)] {
+            let mut r = reading(name, "temperature", Quantity::Temperature, v);
+            r.location = Some("intake".into());
+            readings.push(r);
+        }
+        let poll = Poll {
+            target: "bmc".into(),
+            components: Vec::new(),
+            readings,
+            notes: Vec::new(),
+            host: Some("bmc".into()),
+        };
+        let s = poll.samples();
+        let of = |id: &str| -> Vec<Metric> {
+            s.iter()
+                .filter(|x| x.attr("hw.id") == Some(id))
+                .map(|x| x.metric)
+                .collect()
+        };
+        let tl = of("tl");
+        assert!(tl.contains(&Metric::SensorReading), "{tl:?}");
+        assert!(!tl.contains(&Metric::Temperature) && !tl.contains(&Metric::TemperatureLimit));
+        assert!(
+            tl.contains(&Metric::SensorThreshold),
+            "its thresholds are kept"
+        );
+        let ambient: Vec<_> = s
+            .iter()
+            .filter(|x| x.metric == Metric::HostAmbient)
+            .map(|x| (x.attr("hw.name").unwrap_or(""), x.value))
+            .collect();
+        assert_eq!(ambient, [("TEMP_AMBIENT", 22.0)]);
     }
 
     #[test]
