@@ -1,7 +1,8 @@
 //! `cargo xtask gpu-check`: on a host with an NVIDIA GPU, compares what Junction reads through
 //! the real driver with what `nvidia-smi` and (where installed) `pynvml` read on the same host,
-//! field by field, with stated tolerances; exits non-zero on a mismatch. On a host without a
-//! GPU it says so and exits 0 (CI runs it that way, as a dry run).
+//! field by field, with stated tolerances; exits non-zero on a mismatch. Then it starts
+//! `junction run` with fewer and fewer sources and reports where its memory goes on this host.
+//! On a host without a GPU it says so and exits 0 (CI runs it that way, as a dry run).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -422,10 +423,99 @@ pub fn run_check(junction: Option<PathBuf>) -> Result<()> {
     failures += compare_optional(&j);
     failures += compare_settings(&j);
     pynvml_cross_check(&junction)?;
+    memory_split(&junction)?;
     if failures > 0 {
         bail!("gpu-check: {failures} field(s) disagree");
     }
     println!("\ngpu-check: every field agrees within its tolerance");
+    Ok(())
+}
+
+/// The source sets [`memory_split`] starts `junction run` with: a name, and the config lines
+/// that switch sources off.
+const SOURCE_SETS: &[(&str, &str)] = &[
+    ("every default source", ""),
+    ("no eBPF", "[sources.ebpf]\nenabled = false\n"),
+    (
+        "no eBPF, no kernel log",
+        "[sources.ebpf]\nenabled = false\n[sources.kmsg]\nenabled = false\n",
+    ),
+    (
+        "no eBPF, kernel log or NVML",
+        "[sources.ebpf]\nenabled = false\n[sources.kmsg]\nenabled = false\n[sources.nvml]\nenabled = false\n",
+    ),
+];
+
+/// Where `junction run`'s memory goes on this host: each source set for 7 s with one scrape,
+/// then its peak and resident memory (`/proc/PID/status`), anonymous and file-backed
+/// (`smaps_rollup`) and threads, as a table (BENCHMARKS.md, "On a real GPU host"). The
+/// simulator's rows cannot show what a real driver's library allocates.
+fn memory_split(junction: &Path) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("junction-gpu-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    println!(
+        "\n`junction run`, 7 s after start and one scrape, by sources:\n\n| sources | peak RSS (MiB) | RSS (MiB) | anonymous (MiB) | file-backed PSS (MiB) | threads | left behind at SIGTERM |\n|---|---|---|---|---|---|---|"
+    );
+    for (name, off) in SOURCE_SETS {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let config = dir.join("junction.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "state_dir = {:?}\n[sinks.prometheus]\nlisten = \"127.0.0.1:{port}\"\n{off}",
+                dir.join("state")
+            ),
+        )?;
+        let log = dir.join("junction.log");
+        let mut child = Command::new(junction)
+            .args(["--config".as_ref(), config.as_os_str(), "run".as_ref()])
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::File::create(dir.join("junction.err"))?)
+            .spawn()
+            .context("starting junction run")?;
+        std::thread::sleep(std::time::Duration::from_secs(6));
+        let _ = Command::new("curl")
+            .args(["-s", "-o", "/dev/null"])
+            .arg(format!("http://127.0.0.1:{port}/metrics"))
+            .status();
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let proc_dir = Path::new("/proc").join(child.id().to_string());
+        let status = std::fs::read_to_string(proc_dir.join("status")).unwrap_or_default();
+        let rollup = std::fs::read_to_string(proc_dir.join("smaps_rollup")).unwrap_or_default();
+        let kib = |text: &str, key: &str| -> Option<f64> {
+            text.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        let mib = |v: Option<f64>| v.map_or("-".into(), |k| format!("{:.1}", k / 1024.0));
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = child.wait();
+        let text = std::fs::read_to_string(dir.join("junction.err")).unwrap_or_default()
+            + &std::fs::read_to_string(&log).unwrap_or_default();
+        let left: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("left behind"))
+            .filter_map(|l| l.split("name=").nth(1))
+            .collect();
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {} |",
+            mib(kib(&status, "VmHWM:")),
+            mib(kib(&status, "VmRSS:")),
+            mib(kib(&rollup, "Anonymous:")),
+            mib(kib(&rollup, "Pss_File:")),
+            kib(&status, "Threads:").map_or("-".into(), |t| t.to_string()),
+            if left.is_empty() {
+                "none".to_string()
+            } else {
+                left.join(", ")
+            },
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -197,12 +197,14 @@ pub fn run(smoke: bool) -> Result<()> {
     print!("{report}");
     if !smoke {
         // The soak's figures come from `--soak MINUTES` (an hour or more), its heap profile
-        // from a run under heaptrack, the cycle's profile from callgrind: kept as they are.
+        // from a run under heaptrack, the cycle's profile from callgrind, the real host's from
+        // `cargo xtask gpu-check` on one: kept as they are.
         if let Ok(old) = std::fs::read_to_string(root().join("BENCHMARKS.md")) {
             for heading in [
                 "\n## Soak\n",
                 "\n## Soak heap profile\n",
                 "\n## Where a cycle's CPU goes\n",
+                "\n## On a real GPU host\n",
             ] {
                 let Some(start) = old.find(heading) else {
                     continue;
