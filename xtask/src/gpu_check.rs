@@ -168,30 +168,39 @@ fn compare_optional(j: &BTreeMap<String, serde_json::Value>) -> usize {
         };
         for row in rows {
             let uuid = row.get("uuid").cloned().unwrap_or_default();
-            let smi_v = row.get(f.smi).and_then(|v| v.trim().parse::<f64>().ok());
-            let j_v = j
-                .get(&uuid)
-                .and_then(|g| metric(g, f.metric, f.attr))
-                .map(|v| v * f.to_smi);
-            let (result, bad) = match (j_v, smi_v) {
-                (Some(a), Some(b)) if (a - b).abs() <= f.tolerance => ("ok", false),
-                (Some(_), Some(_)) => ("MISMATCH", true),
-                (None, None) => ("n/a", false),
-                (Some(_), None) => ("smi n/a", false),
-                (None, Some(_)) => ("MISSING", true),
-            };
-            failures += usize::from(bad);
-            println!(
-                "{uuid:<40} {:<38} {:>14} {:>14} {result:>9}  ±{} {}",
-                f.smi,
-                j_v.map_or("-".into(), |v| format!("{v:.1}")),
-                smi_v.map_or("-".into(), |v| format!("{v:.1}")),
-                f.tolerance,
-                f.why
-            );
+            if let Some(gpu) = j.get(&uuid) {
+                failures += usize::from(!compare_field(&uuid, gpu, &row, f));
+            }
         }
     }
     failures
+}
+
+/// One field of one GPU, compared and printed as a row; false on a mismatch.
+fn compare_field(
+    uuid: &str,
+    gpu: &serde_json::Value,
+    row: &BTreeMap<String, String>,
+    f: &Field,
+) -> bool {
+    let smi_v = row.get(f.smi).and_then(|v| v.trim().parse::<f64>().ok());
+    let j_v = metric(gpu, f.metric, f.attr).map(|v| v * f.to_smi);
+    let (result, bad) = match (j_v, smi_v) {
+        (Some(a), Some(b)) if (a - b).abs() <= f.tolerance => ("ok", false),
+        (Some(_), Some(_)) => ("MISMATCH", true),
+        (None, None) => ("n/a", false),
+        (Some(_), None) => ("smi n/a", false),
+        (None, Some(_)) => ("MISSING", true),
+    };
+    println!(
+        "{uuid:<40} {:<38} {:>14} {:>14} {result:>9}  ±{} {}",
+        f.smi,
+        j_v.map_or("-".into(), |v| format!("{v:.1}")),
+        smi_v.map_or("-".into(), |v| format!("{v:.1}")),
+        f.tolerance,
+        f.why
+    );
+    !bad
 }
 
 /// A setting nvidia-smi prints as a word: its query name, Junction's metric, and where
@@ -377,24 +386,7 @@ pub fn run_check(junction: Option<PathBuf>) -> Result<()> {
             continue;
         };
         for f in FIELDS {
-            let smi_v = row.get(f.smi).and_then(|v| v.trim().parse::<f64>().ok());
-            let j_v = metric(gpu, f.metric, f.attr).map(|v| v * f.to_smi);
-            let (result, bad) = match (j_v, smi_v) {
-                (Some(a), Some(b)) if (a - b).abs() <= f.tolerance => ("ok", false),
-                (Some(_), Some(_)) => ("MISMATCH", true),
-                (None, None) => ("n/a", false),
-                (Some(_), None) => ("smi n/a", false),
-                (None, Some(_)) => ("MISSING", true),
-            };
-            failures += usize::from(bad);
-            println!(
-                "{uuid:<40} {:<38} {:>14} {:>14} {result:>9}  ±{} {}",
-                f.smi,
-                j_v.map_or("-".into(), |v| format!("{v:.1}")),
-                smi_v.map_or("-".into(), |v| format!("{v:.1}")),
-                f.tolerance,
-                f.why
-            );
+            failures += usize::from(!compare_field(&uuid, gpu, row, f));
         }
     }
     for line in procs.lines() {
