@@ -22,7 +22,7 @@
 //!   that 64 idle caches hold nothing between cycles: 82.2 M instructions over 20 s where
 //!   none took 102.7 M (99.7 M with the default caches), and the 64-GPU node's peak RSS
 //!   within the noise of none (31.5-33.2 MiB against 31.6-32.0, OTLP every second).
-//! - [`release`], every [`RELEASE_EVERY`]: every arena's unused pages are returned now
+//! - [`release`], once start-up is done and then every [`RELEASE_EVERY`]: every arena's unused pages are returned now
 //!   (`arena.<all>.purge`), whichever thread freed them, then `malloc_trim(0)` does the
 //!   same for glibc's arenas.
 //! - glibc still serves the C code in the process (the NVML library's own allocations).
@@ -172,6 +172,10 @@ pub async fn release_periodically(
     model: std::sync::Arc<crate::model::Model>,
     stop: crate::shutdown::Shutdown,
 ) {
+    // What start-up freed goes back now, not at the first period: the kernel BTF that eBPF's
+    // loading parses twice (tens of MiB on a 6 MB BTF, freed before this point) otherwise
+    // stayed resident for half a minute.
+    release();
     publish_heap(&model);
     while stop
         .unless(tokio::time::sleep(RELEASE_EVERY))
