@@ -22,9 +22,9 @@
 //!   that 64 idle caches hold nothing between cycles: 82.2 M instructions over 20 s where
 //!   none took 102.7 M (99.7 M with the default caches), and the 64-GPU node's peak RSS
 //!   within the noise of none (31.5-33.2 MiB against 31.6-32.0, OTLP every second).
-//! - [`release`], once start-up is done and then every [`RELEASE_EVERY`]: every arena's unused pages are returned now
-//!   (`arena.<all>.purge`), whichever thread freed them, then `malloc_trim(0)` does the
-//!   same for glibc's arenas.
+//! - [`release`], once start-up is done and then every [`RELEASE_EVERY`]: every arena's
+//!   unused pages are returned now (`arena.<all>.purge`), whichever thread freed them, then
+//!   `malloc_trim(0)` does the same for glibc's arenas.
 //! - glibc still serves the C code in the process (the NVML library's own allocations).
 //!   [`tune`], at start: at most two arenas (by default glibc makes up to eight per core),
 //!   and blocks of 128 KiB or more always mapped on their own. `MALLOC_ARENA_MAX` /
@@ -166,8 +166,8 @@ fn publish_heap(model: &crate::model::Model) {
     model.publish("agent", "heap", samples);
 }
 
-/// Runs [`release`] every [`RELEASE_EVERY`] until `stop`, and publishes the heap's figures
-/// after each.
+/// Runs [`release`] now and then every [`RELEASE_EVERY`] until `stop`, and publishes the
+/// heap's figures after each.
 pub async fn release_periodically(
     model: std::sync::Arc<crate::model::Model>,
     stop: crate::shutdown::Shutdown,
