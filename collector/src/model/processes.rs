@@ -77,12 +77,21 @@ pub struct PodName {
     pub name: String,
 }
 
-/// The executable's name from `/proc`, when the process is visible there.
+/// The executable's name from `/proc`, when the process is visible there. A program started
+/// through the dynamic loader (`ld-linux-x86-64.so.2 [options] PROGRAM`, as Nix-packaged
+/// drivers' tools are) has the loader as its exe: it is named after the program its command
+/// line gives.
 pub fn proc_name(proc_root: &Path, pid: u32) -> Option<String> {
     let dir = proc_root.join(pid.to_string());
     if let Ok(exe) = std::fs::read_link(dir.join("exe")) {
         let exe = exe.to_string_lossy();
         let name = basename(exe.trim_end_matches(" (deleted)"));
+        if is_loader(name)
+            && let Some(program) =
+                read_head(&dir.join("cmdline"), CMDLINE_MAX).and_then(|c| loaded_program(&c))
+        {
+            return Some(program);
+        }
         if !name.is_empty() {
             return Some(name.to_string());
         }
@@ -90,6 +99,57 @@ pub fn proc_name(proc_root: &Path, pid: u32) -> Option<String> {
     let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
     let comm = comm.trim_end_matches('\n');
     (!comm.is_empty()).then(|| comm.to_string())
+}
+
+/// The bytes of a process's command line read at most (the program a loader runs comes
+/// first; the rest, as long as its owner likes, is not read).
+const CMDLINE_MAX: usize = 4096;
+
+/// Whether an executable's name is glibc's or musl's dynamic loader.
+fn is_loader(name: &str) -> bool {
+    name.starts_with("ld-linux")
+        || name.starts_with("ld-musl")
+        || name == "ld.so"
+        || name.starts_with("ld64.so")
+}
+
+/// The first `max` bytes of a file.
+fn read_head(path: &Path, max: usize) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(max as u64)
+        .read_to_end(&mut buf)
+        .ok()?;
+    Some(buf)
+}
+
+/// The program a dynamic loader's command line runs (`ld.so [options] PROGRAM [args]`): the
+/// first argument after the loader's own options (glibc's `ld.so --help`), by its base name.
+pub fn loaded_program(cmdline: &[u8]) -> Option<String> {
+    const WITH_VALUE: [&str; 7] = [
+        "--library-path",
+        "--inhibit-rpath",
+        "--audit",
+        "--preload",
+        "--argv0",
+        "--glibc-hwcaps-prefix",
+        "--glibc-hwcaps-mask",
+    ];
+    let mut args = cmdline.split(|b| *b == 0).skip(1);
+    while let Some(a) = args.next() {
+        let a = String::from_utf8_lossy(a);
+        if WITH_VALUE.contains(&a.as_ref()) {
+            args.next();
+        } else if a.starts_with("--") {
+            // Another option of the loader (--inhibit-cache, --list, --verify, …).
+        } else {
+            let name = basename(&a);
+            return (!name.is_empty()).then(|| name.to_string());
+        }
+    }
+    None
 }
 
 /// The last component of a path.

@@ -217,6 +217,55 @@ fn names_come_from_proc_when_visible() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A program run through the dynamic loader (its exe is the loader: on a GPU host whose
+/// driver tools are Nix-packaged, short CUDA processes were named `ld-linux-x86-64.so.2`) is
+/// named after the program its command line gives, past the loader's options.
+#[test]
+fn a_program_run_by_the_loader_is_named_after_the_program() {
+    let c = |args: &[&str]| args.join("\0").into_bytes();
+    assert_eq!(
+        loaded_program(&c(&[
+            "/lib64/ld-linux-x86-64.so.2",
+            "/usr/bin/nvidia-smi",
+            "-L"
+        ]))
+        .as_deref(),
+        Some("nvidia-smi")
+    );
+    assert_eq!(
+        loaded_program(&c(&[
+            "ld-linux-x86-64.so.2",
+            "--library-path",
+            "/nix/store/x-driver/lib",
+            "--inhibit-cache",
+            "--argv0",
+            "trainer",
+            "/nix/store/y/bin/.trainer-wrapped",
+        ]))
+        .as_deref(),
+        Some(".trainer-wrapped")
+    );
+    assert_eq!(loaded_program(&c(&["ld.so", "--list"])), None);
+    assert_eq!(loaded_program(b""), None);
+    // Through /proc: the loader's exe, the program's name.
+    let dir = std::env::temp_dir().join(format!("junction-loader-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("91")).expect("dir");
+    let loader = dir.join("ld-linux-x86-64.so.2");
+    std::fs::write(&loader, "").expect("loader");
+    std::os::unix::fs::symlink(&loader, dir.join("91/exe")).expect("exe");
+    std::fs::write(
+        dir.join("91/cmdline"),
+        c(&[
+            "/lib64/ld-linux-x86-64.so.2",
+            "/opt/cuda/bin/bandwidthTest",
+            "",
+        ]),
+    )
+    .expect("cmdline");
+    assert_eq!(proc_name(&dir, 91).as_deref(), Some("bandwidthTest"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn slurm_jobs_v1_and_v2() {
     let job = |p: &str| parse_cgroup_path(p).slurm_job;
