@@ -78,9 +78,8 @@ pub struct PodName {
 }
 
 /// The executable's name from `/proc`, when the process is visible there. A program started
-/// through the dynamic loader (`ld-linux-x86-64.so.2 [options] PROGRAM`, as Nix-packaged
-/// drivers' tools are) has the loader as its exe: it is named after the program its command
-/// line gives.
+/// through the dynamic loader (`ld-linux-x86-64.so.2 [options] PROGRAM`) has the loader as
+/// its exe: it is named after the program its command line gives.
 pub fn proc_name(proc_root: &Path, pid: u32) -> Option<String> {
     let dir = proc_root.join(pid.to_string());
     if let Ok(exe) = std::fs::read_link(dir.join("exe")) {

@@ -217,9 +217,9 @@ fn names_come_from_proc_when_visible() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A program run through the dynamic loader (its exe is the loader: on a GPU host whose
-/// driver tools are Nix-packaged, short CUDA processes were named `ld-linux-x86-64.so.2`) is
-/// named after the program its command line gives, past the loader's options.
+/// A program run through the dynamic loader (its exe is the loader: on a real GPU host, short
+/// CUDA processes were named `ld-linux-x86-64.so.2`) is named after the program its command
+/// line gives, past the loader's options.
 #[test]
 fn a_program_run_by_the_loader_is_named_after_the_program() {
     let c = |args: &[&str]| args.join("\0").into_bytes();
