@@ -67,9 +67,7 @@ impl Proc {
             uvm: BTreeMap::new(),
         }
     }
-}
 
-impl Proc {
     /// At its end: the driver frees what a process held when its descriptors close (no
     /// `NV_ESC_RM_FREE` is issued), so its memory counts as freed and it holds nothing more.
     /// Its series stay for the retention with what it allocated and freed, and zero held.

@@ -80,12 +80,12 @@ async fn run(config: Arc<Config>, ctx: Ctx) {
     // it (at most NVML's own start-up deadline), and a shutdown meanwhile is not held up.
     if config.sources.nvml.enabled {
         let limit = Duration::from_secs(config.sources.nvml.init_timeout_secs.max(1));
-        let deadline = Instant::now() + limit;
-        while !ctx.model.wait_inventory(Duration::ZERO) && Instant::now() < deadline {
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                () = ctx.shutdown.wait() => return,
-            }
+        let (model, shutdown) = (ctx.model.clone(), ctx.shutdown.clone());
+        let waited =
+            tokio::task::spawn_blocking(move || model.wait_inventory_unless(limit, &shutdown))
+                .await;
+        if matches!(waited, Ok(None)) {
+            return;
         }
     }
     let model = ctx.model.clone();

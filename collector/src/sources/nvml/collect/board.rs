@@ -128,7 +128,7 @@ const THRESHOLDS: [(Option<u32>, TemperatureThreshold, &str, &str); 4] = [
 /// H200 on 580.159: slowdown -2, shutdown -8, maximum operating 0), and the margin is how far
 /// the die is below its maximum operating temperature, so the threshold lies at
 /// `die + margin - value`.
-pub(crate) fn absolute_threshold(die: f64, margin: f64, tlimit: f64) -> f64 {
+fn absolute_threshold(die: f64, margin: f64, tlimit: f64) -> f64 {
     die + margin - tlimit
 }
 
