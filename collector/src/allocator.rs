@@ -124,11 +124,24 @@ fn stat(name: &[u8]) -> Option<u64> {
     (rc == 0).then_some(v as u64)
 }
 
-/// Junction's own heap as jemalloc counts it: bytes in live allocations
-/// (`stats.allocated`), and bytes of the pages that back the heap and jemalloc's own
-/// metadata (`stats.resident`). The C code's allocations through glibc (the NVML library's)
-/// are in neither. `None` if jemalloc was built without statistics.
-pub fn heap() -> Option<(u64, u64)> {
+/// Junction's own heap as jemalloc counts it. The C code's allocations through glibc (the
+/// NVML library's) are in none of these.
+#[derive(Clone, Copy, Debug)]
+pub struct Heap {
+    /// Bytes in live allocations (`stats.allocated`).
+    pub allocated: u64,
+    /// Bytes of the pages that hold live allocations, the free slots of their slabs included
+    /// (`stats.active`): what it has over `allocated` is fragmentation.
+    pub active: u64,
+    /// Bytes of jemalloc's own bookkeeping (`stats.metadata`), which it never hands back.
+    pub metadata: u64,
+    /// Bytes of the pages resident under the heap and the metadata (`stats.resident`),
+    /// unused ones not yet handed back included.
+    pub resident: u64,
+}
+
+/// [`Heap`] now; `None` if jemalloc was built without statistics.
+pub fn heap() -> Option<Heap> {
     // The statistics are a copy jemalloc refreshes when `epoch` is written.
     let mut epoch: u64 = 1;
     // SAFETY: `epoch` takes a `uint64_t`; nothing is read back.
@@ -144,7 +157,12 @@ pub fn heap() -> Option<(u64, u64)> {
     if rc != 0 {
         return None;
     }
-    Some((stat(b"stats.allocated\0")?, stat(b"stats.resident\0")?))
+    Some(Heap {
+        allocated: stat(b"stats.allocated\0")?,
+        active: stat(b"stats.active\0")?,
+        metadata: stat(b"stats.metadata\0")?,
+        resident: stat(b"stats.resident\0")?,
+    })
 }
 
 /// Publishes [`heap`] as `junction.memory.heap.*` (after a release: the resident figure is
@@ -152,10 +170,12 @@ pub fn heap() -> Option<(u64, u64)> {
 /// event history's share of it as `junction.history.memory`.
 fn publish_heap(model: &crate::model::Model) {
     use crate::model::{Metric, Sample};
-    let mut samples = heap().map_or_else(Vec::new, |(allocated, resident)| {
+    let mut samples = heap().map_or_else(Vec::new, |h| {
         vec![
-            Sample::new(Metric::HeapAllocated, allocated as f64),
-            Sample::new(Metric::HeapResident, resident as f64),
+            Sample::new(Metric::HeapAllocated, h.allocated as f64),
+            Sample::new(Metric::HeapActive, h.active as f64),
+            Sample::new(Metric::HeapMetadata, h.metadata as f64),
+            Sample::new(Metric::HeapResident, h.resident as f64),
         ]
     });
     // The largest part of the heap that grows by design (up to its bound), beside it.
@@ -250,7 +270,7 @@ mod tests {
         // Another 8 MiB in live jemalloc blocks shows in `stats.allocated` (this test binary's
         // global allocator is the system's: only these blocks and the runtime's go through
         // jemalloc), and the pages under them in `stats.resident`.
-        let (allocated, resident) = super::heap().expect("jemalloc built with statistics");
+        let before = super::heap().expect("jemalloc built with statistics");
         let a = tikv_jemallocator::Jemalloc;
         let layout = Layout::from_size_align(BLOCK, 8).expect("layout");
         let blocks: Vec<usize> = (0..8 * 1024)
@@ -262,22 +282,27 @@ mod tests {
                 p as usize
             })
             .collect();
-        let (grown, grown_resident) = super::heap().expect("statistics");
+        let grown = super::heap().expect("statistics");
         for p in blocks {
             unsafe { a.dealloc(p as *mut u8, layout) };
         }
-        let (after, _) = super::heap().expect("statistics");
+        let after = super::heap().expect("statistics");
         assert!(
-            grown >= allocated + (8 << 20),
-            "allocated {allocated} -> {grown} bytes after 8 MiB of blocks"
+            grown.allocated >= before.allocated + (8 << 20),
+            "allocated {before:?} -> {grown:?} after 8 MiB of blocks"
         );
         assert!(
-            grown_resident >= resident + (7 << 20),
-            "resident {resident} -> {grown_resident}"
+            grown.active >= before.active + (8 << 20) && grown.active >= grown.allocated,
+            "active {before:?} -> {grown:?}"
         );
         assert!(
-            after + (7 << 20) <= grown,
-            "allocated {grown} -> {after} after freeing them"
+            grown.resident >= before.resident + (7 << 20) && grown.resident >= grown.active,
+            "resident {before:?} -> {grown:?}"
+        );
+        assert!(grown.metadata > 0, "no metadata in {grown:?}");
+        assert!(
+            after.allocated + (7 << 20) <= grown.allocated,
+            "allocated {grown:?} -> {after:?} after freeing them"
         );
     }
 

@@ -156,10 +156,19 @@ fn the_agents_own_heap_is_on_metrics_and_within_its_rss() {
         support::value(&s, "junction_memory_heap_allocated_bytes", &[]).expect("allocated");
     let resident =
         support::value(&s, "junction_memory_heap_resident_bytes", &[]).expect("resident");
+    let active = support::value(&s, "junction_memory_heap_active_bytes", &[]).expect("active");
+    let metadata =
+        support::value(&s, "junction_memory_heap_metadata_bytes", &[]).expect("metadata");
     assert!(allocated > 256.0 * 1024.0, "allocated {allocated}");
+    // The pages of live blocks hold them; the resident pages hold those.
     assert!(
-        resident >= allocated,
-        "resident {resident} < allocated {allocated}"
+        allocated <= active && active <= resident,
+        "allocated {allocated}, active {active}, resident {resident}"
+    );
+    // jemalloc's bookkeeping: some pages, a small part of the heap.
+    assert!(
+        metadata > 4096.0 && metadata < resident,
+        "metadata {metadata} of {resident}"
     );
     assert!(resident < rss, "heap resident {resident} >= RSS {rss}");
     // The event history's share of the live heap (the agent's first start in this state

@@ -424,6 +424,10 @@ registry! {
         "agent", "Events lost before delivery: past the queue bound, or refused by the receiver.";
     HeapAllocated = "junction.memory.heap.allocated", "By", Gauge, [], Status,
         "agent (jemalloc stats.allocated, every 30 s)", "Bytes of the agent's own heap in live allocations; the C code's (the NVML library's) are not in it. Flat while the node is: growth with the same GPUs, processes and targets is a leak.";
+    HeapActive = "junction.memory.heap.active", "By", Gauge, [], Status,
+        "agent (jemalloc stats.active, every 30 s)", "Bytes of the pages holding the agent's live allocations, with the free slots of their slabs: what it has over junction.memory.heap.allocated is fragmentation.";
+    HeapMetadata = "junction.memory.heap.metadata", "By", Gauge, [], Status,
+        "agent (jemalloc stats.metadata, every 30 s)", "Bytes of the allocator's own bookkeeping, which it never hands back.";
     HeapResident = "junction.memory.heap.resident", "By", Gauge, [], Status,
         "agent (jemalloc stats.resident, every 30 s)", "Bytes of the pages backing the agent's own heap and the allocator's metadata, read after unused pages are handed back to the kernel.";
     HistoryMemory = "junction.history.memory", "By", Gauge, [], Status,

@@ -73,11 +73,39 @@ pub struct Reading {
     pub series: usize,
     /// `junction_ebpf_processes`: processes the eBPF source tracks.
     pub tracked: f64,
-    /// `junction_memory_heap_allocated_bytes` and `…_resident_bytes`: the agent's own heap,
-    /// live and the pages under it, as jemalloc counts them (published every 30 s).
-    pub heap: (f64, f64),
+    /// `junction_memory_heap_*_bytes`: the agent's own heap as jemalloc counts it (published
+    /// every 30 s).
+    pub heap: Heap,
     /// `junction_history_memory_bytes`: the event history's share of the live heap.
     pub history: f64,
+}
+
+/// The agent's heap as jemalloc counts it, bytes (`junction_memory_heap_*_bytes`).
+#[derive(Clone, Copy)]
+pub struct Heap {
+    /// In live allocations.
+    pub allocated: f64,
+    /// The pages holding them, their slabs' free slots included.
+    pub active: f64,
+    /// jemalloc's own bookkeeping.
+    pub metadata: f64,
+    /// Resident pages under all of it.
+    pub resident: f64,
+}
+
+impl Heap {
+    fn read(series: &[testkit::prom::Series]) -> Heap {
+        let v = |part: &str| {
+            testkit::prom::value(series, &format!("junction_memory_heap_{part}_bytes"), &[])
+                .unwrap_or(f64::NAN)
+        };
+        Heap {
+            allocated: v("allocated"),
+            active: v("active"),
+            metadata: v("metadata"),
+            resident: v("resident"),
+        }
+    }
 }
 
 /// One run's figures.
@@ -464,12 +492,7 @@ pub fn run(
                         .iter()
                         .find(|s| s.name == "junction_ebpf_processes")
                         .map_or(f64::NAN, |s| s.value),
-                    heap: (
-                        testkit::prom::value(&series, "junction_memory_heap_allocated_bytes", &[])
-                            .unwrap_or(f64::NAN),
-                        testkit::prom::value(&series, "junction_memory_heap_resident_bytes", &[])
-                            .unwrap_or(f64::NAN),
-                    ),
+                    heap: Heap::read(&series),
                     history: testkit::prom::value(&series, "junction_history_memory_bytes", &[])
                         .unwrap_or(f64::NAN),
                 });
@@ -490,11 +513,11 @@ pub fn run(
         }
         // The readings themselves, for a look beyond the report's fits.
         let mut csv = String::from(
-            "secs,rss_kib,anon_kib,threads,fds,series,tracked,heap_allocated,heap_resident,history\n",
+            "secs,rss_kib,anon_kib,threads,fds,series,tracked,heap_allocated,heap_active,heap_metadata,heap_resident,history\n",
         );
         for x in &readings {
             csv.push_str(&format!(
-                "{:.1},{},{},{},{},{},{},{},{},{}\n",
+                "{:.1},{},{},{},{},{},{},{},{},{},{},{}\n",
                 x.secs,
                 x.rss_kib,
                 x.anon_kib,
@@ -502,8 +525,10 @@ pub fn run(
                 x.fds,
                 x.series,
                 x.tracked,
-                x.heap.0,
-                x.heap.1,
+                x.heap.allocated,
+                x.heap.active,
+                x.heap.metadata,
+                x.heap.resident,
                 x.history
             ));
         }

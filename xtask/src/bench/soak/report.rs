@@ -1,6 +1,6 @@
 //! The soak's figures: the slopes it fits and the section of BENCHMARKS.md it writes.
 
-use super::{Reading, Run, history_max_bytes, kmsg_off};
+use super::{Heap, Reading, Run, history_max_bytes, kmsg_off};
 use crate::bench::smaps;
 
 impl Run {
@@ -162,11 +162,11 @@ pub fn report(runs: &[Run], command: &str) -> String {
             pm(r.floor_fit_per_hour()),
             r.slope_per_hour(|x| mib(x.rss_kib) - x.history / MIB),
             r.slope_per_hour(|x| mib(x.anon_kib)),
-            after.first().map_or(f64::NAN, |x| x.heap.0 / MIB),
-            after.last().map_or(f64::NAN, |x| x.heap.0 / MIB),
-            r.slope_per_hour(|x| x.heap.0 / MIB),
-            r.slope_per_hour(|x| (x.heap.0 - x.history) / MIB),
-            r.slope_per_hour(|x| x.heap.1 / MIB),
+            after.first().map_or(f64::NAN, |x| x.heap.allocated / MIB),
+            after.last().map_or(f64::NAN, |x| x.heap.allocated / MIB),
+            r.slope_per_hour(|x| x.heap.allocated / MIB),
+            r.slope_per_hour(|x| (x.heap.allocated - x.history) / MIB),
+            r.slope_per_hour(|x| x.heap.resident / MIB),
             mib(r.peak_kib),
             range(&|x| x.threads),
             range(&|x| x.fds),
@@ -185,6 +185,7 @@ pub fn report(runs: &[Run], command: &str) -> String {
         );
         out.push_str(&smaps::table(&kinds));
     }
+    out.push_str(&heap_table(runs));
     let longest = runs.iter().map(|r| r.minutes).fold(0.0, f64::max) as u64;
     let step = if longest >= 20 { 5 } else { 1 };
     out.push_str(&format!(
@@ -229,13 +230,58 @@ pub fn report(runs: &[Run], command: &str) -> String {
                     out.push_str(&format!(
                         " {:.1}{span} ({:.2}) |",
                         x.rss_kib as f64 / 1024.0,
-                        x.heap.0 / MIB
+                        x.heap.allocated / MIB
                     ))
                 }
                 None => out.push_str(" - |"),
             }
         }
         out.push('\n');
+    }
+    out
+}
+
+/// jemalloc's resident pages by what holds them, after the warm-up and at the end, with the
+/// slope of each after the warm-up: live blocks, the free slots of their slabs (active less
+/// allocated: fragmentation), jemalloc's bookkeeping, and the rest (unused pages not yet
+/// handed back).
+fn heap_table(runs: &[Run]) -> String {
+    type Part = (&'static str, fn(&Heap) -> f64);
+    const PARTS: [Part; 5] = [
+        ("live allocations (`allocated`)", |h| h.allocated),
+        (
+            "free slots of their slabs (`active` less `allocated`)",
+            |h| h.active - h.allocated,
+        ),
+        ("bookkeeping (`metadata`)", |h| h.metadata),
+        ("the rest (`resident` less `active` and `metadata`)", |h| {
+            h.resident - h.active - h.metadata
+        }),
+        ("resident (`resident`)", |h| h.resident),
+    ];
+    let mut out = String::from(
+        "\njemalloc's resident pages by what holds them (`junction_memory_heap_*_bytes`, after the \
+         warm-up and at the end; the slope is the fit of every reading after the warm-up):\n\n\
+         | run | part | after warm-up (KiB) | at end (KiB) | slope (KiB/h) |\n|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let after: Vec<&Reading> = r
+            .readings
+            .iter()
+            .filter(|x| x.secs >= r.warmup_secs && !x.heap.metadata.is_nan())
+            .collect();
+        let (Some(first), Some(last)) = (after.first(), after.last()) else {
+            continue;
+        };
+        for (name, part) in PARTS {
+            out.push_str(&format!(
+                "| {} | {name} | {:.0} | {:.0} | {:+.0} |\n",
+                r.label,
+                part(&first.heap) / 1024.0,
+                part(&last.heap) / 1024.0,
+                r.slope_per_hour(|x| part(&x.heap) / 1024.0),
+            ));
+        }
     }
     out
 }
