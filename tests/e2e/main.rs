@@ -4,6 +4,8 @@
 mod support;
 
 mod bmc;
+mod bmc_sessions;
+mod bmc_tree;
 mod config_errors;
 mod container;
 mod dcgm_compat;
@@ -15,6 +17,7 @@ mod gb200;
 mod health;
 mod history;
 mod hostile;
+mod ipmi;
 mod kmsg;
 mod kmsg_signatures;
 mod kmsg_trust;

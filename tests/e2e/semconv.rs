@@ -408,7 +408,8 @@ fn own_draw_in_tree(dir: &std::path::Path, sums: &mut BTreeMap<String, f64>) {
 /// lifetime count.
 #[test]
 fn sums_by_hw_type_count_each_gpu_once_with_the_bmcs() {
-    use crate::bmc::{config, project_tree, serve_trees, shared_redfish};
+    use crate::bmc::{config, serve_trees, shared_redfish};
+    use crate::bmc_tree::project_tree;
     use crate::support::bmc as sbmc;
     let Some(tool) = sbmc::venv_tool("sushy-static") else {
         return;
