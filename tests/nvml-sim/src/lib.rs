@@ -53,13 +53,18 @@
     reason = "export! cannot know whether a body has unsafe operations"
 )]
 
+mod clocks;
 mod device;
+mod errors;
 #[cfg(not(feature = "legacy"))]
 mod fabric;
+mod fields;
 #[cfg(not(feature = "legacy"))]
 mod gpm;
+mod links;
 mod modes;
 mod procs;
 pub mod scenario;
 pub mod state;
 mod system;
+mod thermal;
