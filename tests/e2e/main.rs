@@ -23,6 +23,8 @@ mod kmsg_signatures;
 mod kmsg_trust;
 mod kubernetes;
 mod otlp;
+mod prometheus;
+mod pynvml;
 mod quirks;
 mod real_bmcs;
 mod rules;
