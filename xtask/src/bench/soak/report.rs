@@ -316,6 +316,54 @@ mod tests {
     }
 
     #[test]
+    fn the_heap_table_splits_the_resident_pages_by_what_holds_them() {
+        // Two hours of readings after a one-minute warm-up: 4 MiB live, 1 MiB more in the
+        // slabs' free slots each hour, 2 MiB of bookkeeping and 64 KiB not handed back.
+        let reading = |secs: f64| {
+            let h = secs / 3600.0;
+            let heap = Heap {
+                allocated: 4.0 * MIB,
+                active: (5.0 + h) * MIB,
+                metadata: 2.0 * MIB,
+                resident: (7.0 + h) * MIB + 65536.0,
+            };
+            Reading {
+                secs,
+                rss_kib: 0,
+                anon_kib: 0,
+                threads: 0,
+                fds: 0,
+                series: 0,
+                tracked: 0.0,
+                heap,
+                history: 0.0,
+            }
+        };
+        let run = Run {
+            label: "r",
+            minutes: 121.0,
+            warmup_secs: 60.0,
+            readings: [0.0, 60.0, 3660.0, 7260.0].map(reading).to_vec(),
+            rss_every_second: Vec::new(),
+            started: 0,
+            xids: 0,
+            otlp: (0, 0),
+            peak_kib: 0,
+            smaps: None,
+        };
+        let table = heap_table(&[run]);
+        for row in [
+            "| r | live allocations (`allocated`) | 4096 | 4096 | +0 |",
+            "| r | free slots of their slabs (`active` less `allocated`) | 1041 | 3089 | +1024 |",
+            "| r | bookkeeping (`metadata`) | 2048 | 2048 | +0 |",
+            "| r | the rest (`resident` less `active` and `metadata`) | 64 | 64 | +0 |",
+            "| r | resident (`resident`) | 7249 | 9297 | +1024 |",
+        ] {
+            assert!(table.contains(row), "{row} not in\n{table}");
+        }
+    }
+
+    #[test]
     fn a_minute_floor_is_its_least_reading_and_a_short_minute_is_left_out() {
         // From second 300 on: 10 MiB with a spike every 10 s (work in flight at a reading),
         // 1 MiB more each minute, and a last minute of only five readings.
