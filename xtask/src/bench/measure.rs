@@ -78,6 +78,16 @@ pub(super) fn spawn_junction(
     scenario: &str,
     config: &std::path::Path,
 ) -> Result<Child> {
+    spawn_junction_logged(bin, scenario, config, Stdio::null())
+}
+
+/// [`spawn_junction`] with its log (stderr) going to `log`.
+pub(super) fn spawn_junction_logged(
+    bin: &std::path::Path,
+    scenario: &str,
+    config: &std::path::Path,
+    log: impl Into<Stdio>,
+) -> Result<Child> {
     Command::new(bin)
         .env(
             "JUNCTION_NVML_SIM_SCENARIO",
@@ -87,7 +97,7 @@ pub(super) fn spawn_junction(
         .arg(config)
         .arg("run")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .context("starting junction")
 }

@@ -21,7 +21,7 @@ mod scale;
 mod smaps;
 mod soak;
 
-use measure::{Measurement, Scrape, measure, scrape, spawn_junction};
+use measure::{Measurement, Scrape, measure, scrape, spawn_junction, spawn_junction_logged};
 
 /// The row with every source a root agent runs by default (eBPF attribution, the kernel log,
 /// health) besides NVML.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::{scrape, smaps, spawn_junction};
+use super::{scrape, smaps, spawn_junction_logged};
 use crate::{root, sim_config};
 
 mod report;
@@ -344,8 +344,10 @@ pub fn run(
         ));
     }
     std::fs::write(&scenario, node)?;
+    // The agent's log, to tell afterwards why a source went down.
+    let agent_log = std::fs::File::create(dir.join("agent.log"))?;
     let mut agent = if wrap.trim().is_empty() {
-        spawn_junction(bin, &scenario.display().to_string(), &config)?
+        spawn_junction_logged(bin, &scenario.display().to_string(), &config, agent_log)?
     } else {
         let mut words = wrap.split_whitespace();
         let mut cmd = Command::new(words.next().unwrap_or_default());
@@ -356,7 +358,7 @@ pub fn run(
             .arg("run")
             .env("JUNCTION_NVML_SIM_SCENARIO", &scenario)
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(agent_log);
         cmd.spawn().context("starting the wrapped agent")?
     };
     let mut pid = agent.id();
@@ -400,8 +402,9 @@ pub fn run(
         let mut rss_every_second = Vec::new();
         // Sources seen down after the warm-up: a run without one of them has not measured
         // what the report says (an agent built without its BPF object, a BMC that did not
-        // answer), and fails instead.
-        let mut down = std::collections::BTreeSet::new();
+        // answer), and fails instead (after writing its readings). Each with the seconds it
+        // was first seen down at.
+        let mut down = std::collections::BTreeMap::new();
         // `smaps` after the warm-up, and a copy of it every 5 minutes in the run's folder
         // (`smaps-MINUTE.txt`), to look into while a long soak runs.
         let exe_path = bin
@@ -464,7 +467,8 @@ pub fn run(
                             &[("junction_source", source)],
                         );
                         if up != Some(1.0) {
-                            down.insert(*source);
+                            down.entry(*source)
+                                .or_insert_with(|| start.elapsed().as_secs_f64().round());
                         }
                     }
                 }
@@ -503,14 +507,6 @@ pub fn run(
         for w in alive.drain(..) {
             w.end();
         }
-        if !down.is_empty() {
-            bail!(
-                "the soak's run \"{}\": source(s) {down:?} down after the warm-up (junction_source_up); \
-                 its figures would not be those of every source on (is the BPF object built into \
-                 target/release/junction? `cargo xtask build-ebpf`, then build it again)",
-                churn.label
-            );
-        }
         // The readings themselves, for a look beyond the report's fits.
         let mut csv = String::from(
             "secs,rss_kib,anon_kib,threads,fds,series,tracked,heap_allocated,heap_active,heap_metadata,heap_resident,history\n",
@@ -538,6 +534,16 @@ pub fn run(
             csv.push_str(&format!("{secs:.1},{kib}\n"));
         }
         let _ = std::fs::write(dir.join("rss-every-second.csv"), csv);
+        if !down.is_empty() {
+            bail!(
+                "the soak's run \"{}\": source(s) down after the warm-up (junction_source_up), with the \
+                 second each was first seen down: {down:?}; its figures would not be those of every \
+                 source on (its log: {}; is the BPF object built into target/release/junction? \
+                 `cargo xtask build-ebpf`, then build it again)",
+                churn.label,
+                dir.join("agent.log").display()
+            );
+        }
         let last_smaps = smaps::read(pid).map(|text| {
             let _ = std::fs::write(dir.join("smaps-end.txt"), &text);
             smaps::breakdown(&text, &exe_path)
