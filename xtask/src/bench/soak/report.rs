@@ -279,7 +279,8 @@ fn heap_table(runs: &[Run]) -> String {
                 r.label,
                 part(&first.heap) / 1024.0,
                 part(&last.heap) / 1024.0,
-                r.slope_per_hour(|x| part(&x.heap) / 1024.0),
+                // Rounded first, so that a slope of nothing reads +0, not -0.
+                r.slope_per_hour(|x| part(&x.heap) / 1024.0).round() + 0.0,
             ));
         }
     }
