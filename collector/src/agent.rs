@@ -100,3 +100,123 @@ pub fn off_but_asked(config: &Config) -> Vec<(&'static str, String)> {
         .filter_map(|c| Some((c.name, (c.off_but_asked?)(config)?)))
         .collect()
 }
+
+/// A panic's message (its first 200 characters).
+pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    text.chars().take(200).collect()
+}
+
+/// The threads a source runs beside its task (blocking reads: the eBPF ring, the kernel
+/// log). A panic on one of them is the task's own: [`SourceThreads::watch`] panics with it, so
+/// that the supervisor reports the source down with the message and starts it again. Without
+/// this, a thread that died left the source reading as up while nothing read its input.
+#[derive(Default)]
+pub struct SourceThreads {
+    handles: Vec<std::thread::JoinHandle<()>>,
+    /// The first panic's message, and the signal that one came.
+    panicked: Arc<(std::sync::Mutex<Option<String>>, tokio::sync::Notify)>,
+}
+
+impl SourceThreads {
+    /// Runs `work` on a new thread named `name`.
+    pub fn spawn(
+        &mut self,
+        name: &str,
+        work: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<()> {
+        let panicked = self.panicked.clone();
+        let thread = name.to_string();
+        let handle = std::thread::Builder::new()
+            .name(thread.clone())
+            .spawn(move || {
+                // The work's state is dropped with the unwind; nothing of it is used again.
+                if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+                    let message = format!("thread {thread}: {}", panic_message(payload));
+                    crate::model::lock(&panicked.0).get_or_insert(message);
+                    panicked.1.notify_one();
+                }
+            })?;
+        self.handles.push(handle);
+        Ok(())
+    }
+
+    /// Until `shutdown`: panics with the message of a thread that panicked first. At shutdown,
+    /// waits for the threads to end, up to [`SHUTDOWN_DEADLINE`]; one stuck in a call is left
+    /// behind.
+    pub async fn watch(self, shutdown: &Shutdown) {
+        let panicked = self.panicked.clone();
+        if shutdown.unless(panicked.1.notified()).await.is_some() {
+            let why = crate::model::lock(&panicked.0).take().unwrap_or_default();
+            panic!("{why}");
+        }
+        let handles = self.handles;
+        let _ = tokio::task::spawn_blocking(move || {
+            let end = std::time::Instant::now() + SHUTDOWN_DEADLINE;
+            for t in handles {
+                while !t.is_finished() && std::time::Instant::now() < end {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+        })
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_thread_that_panics_panics_its_task_and_one_that_ends_does_not() {
+        let shutdown = Shutdown::default();
+        let mut threads = SourceThreads::default();
+        threads.spawn("quiet", || {}).expect("spawn");
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        threads
+            .spawn("reader", move || {
+                let _ = wait.recv();
+                panic!("ring buffer gone");
+            })
+            .expect("spawn");
+        let s = shutdown.clone();
+        let task = tokio::spawn(async move { threads.watch(&s).await });
+        // Nothing yet: the quiet thread's end is not a panic.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!task.is_finished());
+        go.send(()).expect("the reader waits");
+        let e = task.await.expect_err("the task panics with the thread");
+        assert!(e.is_panic());
+        assert_eq!(
+            panic_message(e.into_panic()),
+            "thread reader: ring buffer gone"
+        );
+    }
+
+    #[tokio::test]
+    async fn at_shutdown_the_threads_are_waited_for_and_nothing_panics() {
+        let shutdown = Shutdown::default();
+        let mut threads = SourceThreads::default();
+        let stop = shutdown.clone();
+        let (done, ended) = std::sync::mpsc::channel();
+        threads
+            .spawn("reader", move || {
+                while !stop.is_triggered() {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                done.send(()).expect("test waits");
+            })
+            .expect("spawn");
+        let s = shutdown.clone();
+        let task = tokio::spawn(async move { threads.watch(&s).await });
+        shutdown.trigger();
+        task.await.expect("no panic at shutdown");
+        ended
+            .try_recv()
+            .expect("the thread had ended when watch returned");
+    }
+}

@@ -184,7 +184,7 @@ fn supervise(
                 return;
             }
             let why = match ended {
-                Err(e) if e.is_panic() => panic_message(e.into_panic()),
+                Err(e) if e.is_panic() => crate::agent::panic_message(e.into_panic()),
                 _ => return,
             };
             restarts += 1;
@@ -216,16 +216,6 @@ fn supervise(
             }
         }
     })
-}
-
-/// The text of a panic's payload.
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    let text = payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into());
-    text.chars().take(200).collect()
 }
 
 /// Waits for tasks under [`SHUTDOWN_DEADLINE`]; one that does not stop is left behind.

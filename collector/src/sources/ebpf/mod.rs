@@ -18,7 +18,6 @@ pub mod loader;
 pub mod tracker;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::agent::{Component, Ctx};
 use crate::config::{Config, Invalid, config_section};
@@ -206,17 +205,11 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     ctx.model.set_source_detail("ebpf", describe(&loaded));
     ctx.model.set_source_up("ebpf", true);
     let (model, shutdown) = (ctx.model.clone(), ctx.shutdown.clone());
-    let thread = std::thread::Builder::new()
-        .name("ebpf".into())
-        .spawn(move || drain::run(loaded, &c, &model, &shutdown))?;
+    // A panic on the drain's thread panics this task: the source is reported down and started
+    // again (the programs detach as the unwind drops them).
+    let mut threads = crate::agent::SourceThreads::default();
+    threads.spawn("ebpf", move || drain::run(loaded, &c, &model, &shutdown))?;
     Ok(tokio::spawn(async move {
-        ctx.shutdown.wait().await;
-        let _ = tokio::task::spawn_blocking(move || {
-            let end = std::time::Instant::now() + crate::agent::SHUTDOWN_DEADLINE;
-            while !thread.is_finished() && std::time::Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        })
-        .await;
+        threads.watch(&ctx.shutdown).await;
     }))
 }

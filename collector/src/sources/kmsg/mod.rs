@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::agent::{Component, Ctx, SHUTDOWN_DEADLINE};
+use crate::agent::{Component, Ctx};
 use crate::config::{Config, Invalid, config_section};
 use crate::model::xid::{Report, Via};
 use crate::model::xid_catalog::recovery_action;
@@ -404,7 +404,8 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     let c = config.sources.kmsg.clone();
     let stats = Arc::new(Stats::default());
     let mut up = false;
-    let mut device_thread = None;
+    // A panic on one of the source's threads panics its task: reported down, started again.
+    let mut threads = crate::agent::SourceThreads::default();
     if !c.device.is_empty() {
         match device::open(std::path::Path::new(&c.device)) {
             Ok(file) => {
@@ -412,14 +413,12 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
                 let input = Input::new(Via::Kmsg, c.accept_user_records, stats.clone());
                 let (model, shutdown, cfg) =
                     (ctx.model.clone(), ctx.shutdown.clone(), config.clone());
-                device_thread = Some(std::thread::Builder::new().name("kmsg".into()).spawn(
-                    move || {
-                        if wait_for_gpus(&cfg, &model, &shutdown) {
-                            crate::privileges::wait_gate();
-                            device::run(file, &input, &model, &shutdown);
-                        }
-                    },
-                )?);
+                threads.spawn("kmsg", move || {
+                    if wait_for_gpus(&cfg, &model, &shutdown) {
+                        crate::privileges::wait_gate();
+                        device::run(file, &input, &model, &shutdown);
+                    }
+                })?;
                 tracing::info!(device = %c.device, "reading the kernel log");
             }
             Err(e) => tracing::error!(
@@ -431,9 +430,7 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     }
     // Files are read with blocking I/O: on a thread (and a small runtime for the inotify
     // notifications) of their own, off the shared async workers.
-    let files_thread = if c.files.is_empty() {
-        None
-    } else {
+    if !c.files.is_empty() {
         up = true;
         let input = Input::new(Via::File, c.accept_user_records, stats.clone());
         let (model, shutdown, cfg, files) = (
@@ -442,61 +439,35 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
             config.clone(),
             c.files.clone(),
         );
-        Some(
-            std::thread::Builder::new()
-                .name("kmsg-files".into())
-                .spawn(move || {
-                    if !wait_for_gpus(&cfg, &model, &shutdown) {
-                        return;
-                    }
-                    crate::privileges::wait_gate();
-                    // The files' reads (tokio's file I/O) go to the blocking pool: a thread
-                    // or two, named for the reader, that stay between appends.
-                    let mut builder = tokio::runtime::Builder::new_current_thread();
-                    builder.thread_name("kmsg-files-io");
-                    match crate::agent::bound_blocking_pool(&mut builder, 2)
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt.block_on(files::run(files, input, model, shutdown)),
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot start the kernel-log file reader")
-                        }
-                    }
-                })?,
-        )
-    };
+        threads.spawn("kmsg-files", move || {
+            if !wait_for_gpus(&cfg, &model, &shutdown) {
+                return;
+            }
+            crate::privileges::wait_gate();
+            // The files' reads (tokio's file I/O) go to the blocking pool: a thread or two,
+            // named for the reader, that stay between appends.
+            let mut builder = tokio::runtime::Builder::new_current_thread();
+            builder.thread_name("kmsg-files-io");
+            match crate::agent::bound_blocking_pool(&mut builder, 2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(files::run(files, input, model, shutdown)),
+                Err(e) => tracing::error!(error = %e, "cannot start the kernel-log file reader"),
+            }
+        })?;
+    }
     // The panics of earlier boots: once, off the async workers.
-    let crash_thread = if c.crash_dirs.is_empty() {
-        None
-    } else {
+    if !c.crash_dirs.is_empty() {
         let (model, dirs) = (ctx.model.clone(), c.crash_dirs.clone());
-        Some(
-            std::thread::Builder::new()
-                .name("kmsg-crash".into())
-                .spawn(move || {
-                    crate::privileges::wait_gate();
-                    crash::scan(&dirs, &model);
-                })?,
-        )
-    };
+        threads.spawn("kmsg-crash", move || {
+            crate::privileges::wait_gate();
+            crash::scan(&dirs, &model);
+        })?;
+    }
     ctx.model.set_source_up("kmsg", up);
     Ok(tokio::spawn(async move {
-        ctx.shutdown.wait().await;
-        let threads: Vec<_> = device_thread
-            .into_iter()
-            .chain(files_thread)
-            .chain(crash_thread)
-            .collect();
-        let _ = tokio::task::spawn_blocking(move || {
-            let end = Instant::now() + SHUTDOWN_DEADLINE;
-            for t in threads {
-                while !t.is_finished() && Instant::now() < end {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-        })
-        .await;
+        threads.watch(&ctx.shutdown).await;
         ctx.model.flush_xids(true);
     }))
 }
