@@ -101,6 +101,19 @@ pub fn off_but_asked(config: &Config) -> Vec<(&'static str, String)> {
         .collect()
 }
 
+/// Waits until `end` for `thread` to end; whether it did (it is joined then). A thread stuck
+/// in a call is left behind.
+pub fn join_by(thread: std::thread::JoinHandle<()>, end: std::time::Instant) -> bool {
+    while !thread.is_finished() && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let done = thread.is_finished();
+    if done {
+        let _ = thread.join();
+    }
+    done
+}
+
 /// A panic's message (its first 200 characters).
 pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     let text = payload
@@ -158,9 +171,7 @@ impl SourceThreads {
         let _ = tokio::task::spawn_blocking(move || {
             let end = std::time::Instant::now() + SHUTDOWN_DEADLINE;
             for t in handles {
-                while !t.is_finished() && std::time::Instant::now() < end {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
+                join_by(t, end);
             }
         })
         .await;

@@ -203,15 +203,7 @@ pub fn off_but_addressed(
 
 /// Waits at most `deadline` for `thread` to end; whether it did (it is joined then).
 fn join_within(thread: std::thread::JoinHandle<()>, deadline: Duration) -> bool {
-    let end = std::time::Instant::now() + deadline;
-    while !thread.is_finished() && std::time::Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let done = thread.is_finished();
-    if done {
-        let _ = thread.join();
-    }
-    done
+    crate::agent::join_by(thread, std::time::Instant::now() + deadline)
 }
 
 /// The OTLP sink.

@@ -258,12 +258,7 @@ impl Workers {
         self.shutdown.trigger();
         let end = Instant::now() + deadline;
         for h in self.handles {
-            while !h.is_finished() && Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if h.is_finished() {
-                let _ = h.join();
-            }
+            crate::agent::join_by(h, end);
         }
     }
 }
