@@ -435,7 +435,15 @@ pub fn run(
                     w.end();
                 }
             }
-            if tick % 10 == 0 {
+            // With a small history bound, an Xid a second during the warm-up, so that the
+            // history has reached its bound (and dropped its oldest half) before the slopes
+            // are fitted: at an Xid every 10 s a 64 KiB bound takes about 30 minutes.
+            let xid_every = if history_max_bytes().is_some() && start.elapsed() < warmup {
+                1
+            } else {
+                10
+            };
+            if tick % xid_every == 0 {
                 let line = format!(
                     "NVRM: Xid (PCI:{pci}): 13, pid={}, name=trainer, Graphics SM Warp Exception on (GPC 1, TPC 0, SM 0): Out Of Range Address",
                     100_000 + tick
@@ -578,8 +586,9 @@ pub(super) fn kmsg_off() -> bool {
 }
 
 /// `JUNCTION_SOAK_HISTORY_MAX_BYTES=N`: the agents' `health.history_max_bytes` (the event
-/// history, which the soak's Xid every 10 s fills toward its bound, 4 MiB by default: with N
-/// small it is at its bound within the warm-up, and what else grows shows).
+/// history, which the soak's Xid every 10 s fills toward its bound, 4 MiB by default). With
+/// it set, the warm-up writes an Xid a second, so that a small bound (65536: about 245 of the
+/// soak's entries) is reached within the warm-up and the slopes show what else grows.
 pub(super) fn history_max_bytes() -> Option<u64> {
     std::env::var("JUNCTION_SOAK_HISTORY_MAX_BYTES")
         .ok()

@@ -90,7 +90,7 @@ fn options() -> String {
         out.push("`JUNCTION_SOAK_KMSG=off`: both runs write their Xid lines to files of their own and neither agent reads `/dev/kmsg`".to_string());
     }
     if let Some(b) = history_max_bytes() {
-        out.push(format!("`JUNCTION_SOAK_HISTORY_MAX_BYTES={b}`: the agents' event history bound (`health.history_max_bytes`) is {b} bytes instead of 4 MiB"));
+        out.push(format!("`JUNCTION_SOAK_HISTORY_MAX_BYTES={b}`: the agents' event history bound (`health.history_max_bytes`) is {b} bytes instead of 4 MiB, and the warm-up writes an Xid a second (not every 10 s) to fill it"));
     }
     if out.is_empty() {
         String::new()
