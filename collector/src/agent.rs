@@ -124,6 +124,41 @@ pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     text.chars().take(200).collect()
 }
 
+/// Panics caught on the threads a source or a sink runs beside its task: the first one's
+/// message, and a signal that it came, so that the task can panic with it and be reported
+/// down and started again (`cli::supervise`) instead of reading as up while nothing runs.
+#[derive(Clone, Default)]
+pub struct ThreadPanics(Arc<(std::sync::Mutex<Option<String>>, tokio::sync::Notify)>);
+
+impl ThreadPanics {
+    /// Runs `work` on a new thread named `name`; a panic there is caught and recorded as
+    /// `thread NAME: message` (the work's state is dropped with the unwind; nothing of it is
+    /// used again).
+    pub fn spawn(
+        &self,
+        name: &str,
+        work: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let panicked = self.0.clone();
+        let thread = name.to_string();
+        std::thread::Builder::new()
+            .name(thread.clone())
+            .spawn(move || {
+                if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+                    let message = format!("thread {thread}: {}", panic_message(payload));
+                    crate::model::lock(&panicked.0).get_or_insert(message);
+                    panicked.1.notify_one();
+                }
+            })
+    }
+
+    /// The first panic's message, once one has come.
+    pub async fn first(&self) -> String {
+        self.0.1.notified().await;
+        crate::model::lock(&self.0.0).clone().unwrap_or_default()
+    }
+}
+
 /// The threads a source runs beside its task (blocking reads: the eBPF ring, the kernel
 /// log). A panic on one of them is the task's own: [`SourceThreads::watch`] panics with it, so
 /// that the supervisor reports the source down with the message and starts it again. Without
@@ -131,8 +166,7 @@ pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 #[derive(Default)]
 pub struct SourceThreads {
     handles: Vec<std::thread::JoinHandle<()>>,
-    /// The first panic's message, and the signal that one came.
-    panicked: Arc<(std::sync::Mutex<Option<String>>, tokio::sync::Notify)>,
+    panics: ThreadPanics,
 }
 
 impl SourceThreads {
@@ -142,19 +176,7 @@ impl SourceThreads {
         name: &str,
         work: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<()> {
-        let panicked = self.panicked.clone();
-        let thread = name.to_string();
-        let handle = std::thread::Builder::new()
-            .name(thread.clone())
-            .spawn(move || {
-                // The work's state is dropped with the unwind; nothing of it is used again.
-                if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
-                    let message = format!("thread {thread}: {}", panic_message(payload));
-                    crate::model::lock(&panicked.0).get_or_insert(message);
-                    panicked.1.notify_one();
-                }
-            })?;
-        self.handles.push(handle);
+        self.handles.push(self.panics.spawn(name, work)?);
         Ok(())
     }
 
@@ -162,9 +184,7 @@ impl SourceThreads {
     /// waits for the threads to end, up to [`SHUTDOWN_DEADLINE`]; one stuck in a call is left
     /// behind.
     pub async fn watch(self, shutdown: &Shutdown) {
-        let panicked = self.panicked.clone();
-        if shutdown.unless(panicked.1.notified()).await.is_some() {
-            let why = crate::model::lock(&panicked.0).take().unwrap_or_default();
+        if let Some(why) = shutdown.unless(self.panics.first()).await {
             panic!("{why}");
         }
         let handles = self.handles;

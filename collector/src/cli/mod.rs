@@ -105,8 +105,11 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
             shutdown: stop_sinks.clone(),
         };
         // A sink that cannot start (a busy port) fails the command, naming what to fix.
-        let task = (sink.start)(config.clone(), ctx).await?;
-        sink_tasks.push((sink.name, task));
+        let task = (sink.start)(config.clone(), ctx.clone()).await?;
+        sink_tasks.push((
+            sink.name,
+            supervise(sink, Kind::Sink, config.clone(), ctx, task),
+        ));
     }
     let mut source_tasks = Vec::new();
     for source in sources::ALL.iter().filter(|s| (s.enabled)(&config)) {
@@ -115,9 +118,10 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
             shutdown: stop_sources.clone(),
         };
         match (source.start)(config.clone(), ctx.clone()).await {
-            Ok(task) => {
-                source_tasks.push((source.name, supervise(source, config.clone(), ctx, task)))
-            }
+            Ok(task) => source_tasks.push((
+                source.name,
+                supervise(source, Kind::Source, config.clone(), ctx, task),
+            )),
             // One failing source never stops the others.
             Err(e) => {
                 model.set_source_up(source.name, false);
@@ -164,12 +168,22 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Watches a source's task: one that panics is reported down with the panic's message
-/// (`junction inventory`, `junction_source_up`, the log) and started again, after 1 s, then
-/// twice as long each time up to a minute. A task that ends by itself (a source that found
-/// nothing to read) is not restarted.
+/// Whether a supervised component is a source or a sink.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Source,
+    Sink,
+}
+
+/// Watches a source's or a sink's task: one that panics is reported down with the panic's
+/// message (`junction inventory`, `junction_source_up` under the component's name, the log)
+/// and started again, after 1 s, then twice as long each time up to a minute. A task that
+/// ends by itself (a source that found nothing to read) is not restarted. A restarted source
+/// says again whether it is up; a restarted sink is up once its start has succeeded (a sink
+/// has no `junction_source_up` series until it has panicked once).
 fn supervise(
     source: &'static crate::agent::Component,
+    kind: Kind,
     config: Arc<Config>,
     ctx: Ctx,
     first: tokio::task::JoinHandle<()>,
@@ -188,7 +202,8 @@ fn supervise(
                 _ => return,
             };
             restarts += 1;
-            tracing::error!(source = source.name, panic = %why, restarts, "source panicked; restarting it in {backoff:?}");
+            let what = if kind == Kind::Sink { "sink" } else { "source" };
+            tracing::error!(component = source.name, panic = %why, restarts, "{what} panicked; restarting it in {backoff:?}");
             loop {
                 ctx.model.set_source_up(source.name, false);
                 ctx.model.set_source_detail(
@@ -207,10 +222,17 @@ fn supervise(
                 match (source.start)(config.clone(), ctx.clone()).await {
                     Ok(t) => {
                         task = t;
+                        if kind == Kind::Sink {
+                            ctx.model.set_source_up(source.name, true);
+                            ctx.model.set_source_detail(
+                                source.name,
+                                vec![format!("restarted {restarts} time(s); last panic: {why}")],
+                            );
+                        }
                         break;
                     }
                     Err(e) => {
-                        tracing::error!(source = source.name, error = %format!("{e:#}"), "source failed to restart; trying again in {backoff:?}")
+                        tracing::error!(component = source.name, error = %format!("{e:#}"), "{what} failed to restart; trying again in {backoff:?}")
                     }
                 }
             }
@@ -443,6 +465,86 @@ mod tests {
         off_but_asked: None,
     };
 
+    static SINK_STARTS: AtomicU32 = AtomicU32::new(0);
+
+    /// A sink (it says nothing of its own state) whose first run's thread panics, the way
+    /// the OTLP sink's exporter threads are watched; the next run lasts until shutdown.
+    const PANICKY_SINK: crate::agent::Component = crate::agent::Component {
+        name: "panicky-sink",
+        enabled: |_| true,
+        start: |_, ctx| {
+            Box::pin(async move {
+                let n = SINK_STARTS.fetch_add(1, Ordering::SeqCst);
+                let panics = crate::agent::ThreadPanics::default();
+                let (go, wait) = std::sync::mpsc::channel::<()>();
+                panics.spawn("exporter", move || {
+                    let _ = wait.recv();
+                    assert!(n > 0, "the first exporter panics");
+                })?;
+                Ok(tokio::spawn(async move {
+                    let _ = go.send(());
+                    if let Some(why) = ctx.shutdown.unless(panics.first()).await {
+                        panic!("{why}");
+                    }
+                }))
+            })
+        },
+        once: None,
+        inspect: None,
+        derive: None,
+        off_but_asked: None,
+    };
+
+    /// A sink whose thread panics is reported down with the thread's panic, started again,
+    /// and up once it has started: before, a sink's task was not watched, and an exporter
+    /// thread that died left nothing but a stale `junction_sink_last_success`.
+    #[test]
+    fn a_sink_whose_thread_panics_is_reported_and_restarted() {
+        let rt = runtime().expect("runtime");
+        rt.block_on(async {
+            let model = Model::new();
+            let ctx = Ctx {
+                model: model.clone(),
+                shutdown: Shutdown::default(),
+            };
+            let config = Arc::new(Config::default());
+            let first = (PANICKY_SINK.start)(config.clone(), ctx.clone())
+                .await
+                .expect("start");
+            assert_eq!(
+                model.sources().get("panicky-sink"),
+                None,
+                "no series before"
+            );
+            let watch = supervise(&PANICKY_SINK, Kind::Sink, config, ctx.clone(), first);
+            let mut saw_down = false;
+            for _ in 0..100 {
+                if model.sources().get("panicky-sink") == Some(&false) {
+                    saw_down = true;
+                    let detail = model.source_details()["panicky-sink"].join(" ");
+                    assert!(
+                        detail.contains("thread exporter: the first exporter panics"),
+                        "{detail}"
+                    );
+                }
+                if model.sources().get("panicky-sink") == Some(&true) {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert!(saw_down, "reported down");
+            assert_eq!(SINK_STARTS.load(Ordering::SeqCst), 2, "restarted once");
+            assert_eq!(model.sources().get("panicky-sink"), Some(&true), "up again");
+            let detail = model.source_details()["panicky-sink"].join(" ");
+            assert!(detail.contains("restarted 1 time(s)"), "{detail}");
+            ctx.shutdown.trigger();
+            tokio::time::timeout(std::time::Duration::from_secs(5), watch)
+                .await
+                .expect("the supervisor stops at shutdown")
+                .expect("no panic");
+        });
+    }
+
     /// Blocking work beyond the pool's bound waits for a thread instead of starting one: the
     /// agent's threads (and the stacks glibc keeps for them) do not grow with a burst.
     #[test]
@@ -496,7 +598,7 @@ mod tests {
             let first = (PANICKY.start)(config.clone(), ctx.clone())
                 .await
                 .expect("start");
-            let watch = supervise(&PANICKY, config, ctx.clone(), first);
+            let watch = supervise(&PANICKY, Kind::Source, config, ctx.clone(), first);
             let mut saw_down = false;
             for _ in 0..100 {
                 if model.sources().get("panicky") == Some(&false) {

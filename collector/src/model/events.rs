@@ -231,6 +231,14 @@ impl EventLog {
         lock(&self.ring).next
     }
 
+    /// The sequence number of the oldest event the log still holds (the head when it holds
+    /// none): where a reader that starts again (a restarted sink) begins, since what a reader
+    /// has delivered is released.
+    pub fn oldest(&self) -> u64 {
+        let r = lock(&self.ring);
+        r.events.front().map_or(r.next, |e| e.seq)
+    }
+
     /// Up to `max` events from `from` on.
     pub fn read(&self, from: u64, max: usize) -> Batch {
         let r = lock(&self.ring);
@@ -299,12 +307,17 @@ mod tests {
         }
         log.release(7);
         assert_eq!(log.len(), 3);
-        let b = log.read(7, 10);
+        // A reader that starts again (a restarted sink) begins at what is left, and has lost
+        // nothing.
+        assert_eq!(log.oldest(), 7);
+        let b = log.read(log.oldest(), 10);
+        assert_eq!(b.lost, 0);
         assert_eq!((b.events.len(), b.lost, b.next), (3, 0, 10));
         assert_eq!(b.events[0].seq, 7);
         log.release(10);
         assert!(log.is_empty());
         assert_eq!(log.head(), 10, "sequence numbers go on");
+        assert_eq!(log.oldest(), 10, "nothing held: the head");
         log.set_capacity(2);
         for i in 10..15 {
             log.append(ev(i));

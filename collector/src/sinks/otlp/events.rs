@@ -56,13 +56,14 @@ pub fn start(
     stats: Arc<Stats>,
     max_queued: usize,
     runtime: tokio::runtime::Handle,
+    panics: &crate::agent::ThreadPanics,
 ) -> anyhow::Result<Shipper> {
     exporter.exporter.set_resource(&resource);
     let stopping = Arc::new(AtomicBool::new(false));
     let (m, s) = (model.clone(), stopping.clone());
-    let thread = std::thread::Builder::new()
-        .name("otlp-events".into())
-        .spawn(move || run(&exporter, &m, &stats, max_queued as u64, &runtime, &s))?;
+    let thread = panics.spawn("otlp-events", move || {
+        run(&exporter, &m, &stats, max_queued as u64, &runtime, &s)
+    })?;
     Ok(Shipper {
         stopping,
         thread,
@@ -84,7 +85,8 @@ fn run(
         .with_version(env!("CARGO_PKG_VERSION"))
         .with_schema_url(super::resource::SCHEMA_URL)
         .build();
-    let mut cursor = 0u64;
+    // Where the last shipper's delivered events end (a restarted sink's new shipper), or 0.
+    let mut cursor = model.events.oldest();
     let mut backoff: Option<(Instant, Duration)> = None;
     // When the oldest event not yet sent was first seen.
     let mut pending_since: Option<Instant> = None;

@@ -257,12 +257,14 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
         interval_secs = settings.interval.as_secs(),
         "pushing metrics and events over OTLP"
     );
+    let panics = crate::agent::ThreadPanics::default();
     let exporter = metrics::start(
         exporters.metrics,
         envelope(&settings),
         &settings,
         ctx.model.clone(),
         stats.clone(),
+        &panics,
     )?;
     let shipper = events::start(
         exporters.logs,
@@ -271,15 +273,23 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
         stats.clone(),
         settings.max_queued_events,
         tokio::runtime::Handle::current(),
+        &panics,
     )?;
     Ok(tokio::spawn(async move {
-        ctx.shutdown.wait().await;
+        // Until shutdown, or a panic on either thread: then the other is stopped too (its
+        // last delivery made) and this task panics with the thread's message, so that the
+        // supervisor reports the sink down and starts it again; the event cursor is the
+        // model's, so the new shipper delivers from where the last accepted batch ended.
+        let panicked = ctx.shutdown.unless(panics.first()).await;
         // The final export: pending events, then the metrics as the sources left them.
         let _ = tokio::task::spawn_blocking(move || {
             shipper.stop(Duration::from_millis(1500));
             exporter.stop(Duration::from_millis(1500));
         })
         .await;
+        if let Some(why) = panicked {
+            panic!("{why}");
+        }
     }))
 }
 

@@ -46,18 +46,17 @@ pub fn start(
     settings: &super::settings::Settings,
     model: Arc<Model>,
     stats: Arc<Stats>,
+    panics: &crate::agent::ThreadPanics,
 ) -> anyhow::Result<Exporter> {
     let encoder = Encoder::new(envelope, settings.delta, unix_ns(SystemTime::now()));
     let (stop, stopped) = std::sync::mpsc::channel();
     let stopping = Arc::new(AtomicBool::new(false));
     let flag = stopping.clone();
     let (interval, timeout) = (settings.interval, settings.metrics.timeout);
-    let thread = std::thread::Builder::new()
-        .name("otlp-metrics".into())
-        .spawn(move || {
-            let when = Every { interval, timeout };
-            run(sender, encoder, when, &model, &stats, &stopped, &flag)
-        })?;
+    let thread = panics.spawn("otlp-metrics", move || {
+        let when = Every { interval, timeout };
+        run(sender, encoder, when, &model, &stats, &stopped, &flag)
+    })?;
     Ok(Exporter {
         stop,
         stopping,
