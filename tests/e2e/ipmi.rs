@@ -103,18 +103,27 @@ fn have_ipmi_tools() -> bool {
         .all(|t| support::require_tool(t, Some(PathBuf::from("/usr/sbin").join(t))).is_some())
 }
 
+/// `ipmi_sim` serving what `emu` writes, and an agent polling it every second (None where
+/// the IPMI tools are missing outside CI, where the guard fails instead).
+fn agent_on_sim(emu: impl FnOnce() -> String) -> Option<(IpmiSim, Agent)> {
+    if !have_ipmi_tools() {
+        return None;
+    }
+    let sim = IpmiSim::start(&emu());
+    let agent = Agent::spawn_config(
+        "h100-training.toml",
+        &config(&ipmi_target(&sim), false, support::free_port()),
+    );
+    Some((sim, agent))
+}
+
 #[test]
 fn ipmi_sim_values_equal_ipmitool_and_a_live_change_shows_at_the_next_poll() {
-    if !have_ipmi_tools() {
+    let Some((sim, mut agent)) =
+        agent_on_sim(|| std::fs::read_to_string(fixtures().join("ipmi/sim2.emu")).expect("emu"))
+    else {
         return;
-    }
-    let emu = std::fs::read_to_string(fixtures().join("ipmi/sim2.emu")).expect("emu");
-    let sim = IpmiSim::start(&emu);
-    let port = support::free_port();
-    let mut agent = Agent::spawn_config(
-        "h100-training.toml",
-        &config(&ipmi_target(&sim), false, port),
-    );
+    };
     let body = agent.wait_for(Duration::from_secs(30), |m| {
         m.contains("junction_target_up{junction_source=\"ipmi\",junction_target=\"sim\"} 1")
     });
@@ -167,24 +176,20 @@ fn ipmi_sim_values_equal_ipmitool_and_a_live_change_shows_at_the_next_poll() {
 
 #[test]
 fn ipmi_thresholds_equal_ipmitool_and_a_leak_is_critical() {
-    if !have_ipmi_tools() {
-        return;
-    }
-    let emu = format!(
-        "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02\nsel_enable 0x20 1000 0x0a\n{}\
+    let emu = || {
+        format!(
+            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02\nsel_enable 0x20 1000 0x0a\n{}\
          sensor_add 0x20 0 1 0x01 0x01\nsensor_set_value 0x20 0 1 55 0\nsensor_set_threshold 0x20 0 1 settable 111000 100 90 80 0 0 0\n\
          sensor_add 0x20 0 2 0x01 0x01\nsensor_set_value 0x20 0 2 30 0\n\
          sensor_add 0x20 0 3 0x04 0x01\nsensor_set_value 0x20 0 3 60 0\n\
          sensor_add 0x20 0 4 0x0b 0x01\nsensor_set_value 0x20 0 4 84 0\nsensor_set_threshold 0x20 0 4 settable 000011 0 0 0 0 80 120\n\
          sensor_add 0x20 0 5 0x0a 0x03\nsensor_set_bit 0x20 0 5 0 1 0\nmc_enable 0x20\n",
-        bmc::sdr_lines(&fixtures().join("ipmi/cooling.sdrs"))
-    );
-    let sim = IpmiSim::start(&emu);
-    let port = support::free_port();
-    let mut agent = Agent::spawn_config(
-        "h100-training.toml",
-        &config(&ipmi_target(&sim), false, port),
-    );
+            bmc::sdr_lines(&fixtures().join("ipmi/cooling.sdrs"))
+        )
+    };
+    let Some((sim, mut agent)) = agent_on_sim(emu) else {
+        return;
+    };
     let body = agent.wait_for(Duration::from_secs(30), |m| {
         m.contains("cooling_leak_detector_state")
     });
