@@ -203,7 +203,15 @@ fn supervise(
             };
             restarts += 1;
             let what = if kind == Kind::Sink { "sink" } else { "source" };
-            tracing::error!(component = source.name, panic = %why, restarts, "{what} panicked; restarting it in {backoff:?}");
+            use crate::internal_events::InternalEvent as _;
+            crate::internal_events::ComponentPanicked {
+                component: source.name,
+                kind: what,
+                why: &why,
+                restarts,
+                backoff,
+            }
+            .emit(&ctx.model);
             loop {
                 ctx.model.set_source_up(source.name, false);
                 ctx.model.set_source_detail(
@@ -498,51 +506,57 @@ mod tests {
     /// A sink whose thread panics is reported down with the thread's panic, started again,
     /// and up once it has started: before, a sink's task was not watched, and an exporter
     /// thread that died left nothing but a stale `junction_sink_last_success`.
-    #[test]
-    fn a_sink_whose_thread_panics_is_reported_and_restarted() {
-        let rt = runtime().expect("runtime");
-        rt.block_on(async {
-            let model = Model::new();
-            let ctx = Ctx {
-                model: model.clone(),
-                shutdown: Shutdown::default(),
-            };
-            let config = Arc::new(Config::default());
-            let first = (PANICKY_SINK.start)(config.clone(), ctx.clone())
-                .await
-                .expect("start");
-            assert_eq!(
-                model.sources().get("panicky-sink"),
-                None,
-                "no series before"
-            );
-            let watch = supervise(&PANICKY_SINK, Kind::Sink, config, ctx.clone(), first);
-            let mut saw_down = false;
-            for _ in 0..100 {
-                if model.sources().get("panicky-sink") == Some(&false) {
-                    saw_down = true;
-                    let detail = model.source_details()["panicky-sink"].join(" ");
-                    assert!(
-                        detail.contains("thread exporter: the first exporter panics"),
-                        "{detail}"
-                    );
-                }
-                if model.sources().get("panicky-sink") == Some(&true) {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // Its own runtime's threads are not named `junction-rt`, which the pool test counts.
+    #[tokio::test]
+    async fn a_sink_whose_thread_panics_is_reported_and_restarted() {
+        let model = Model::new();
+        let ctx = Ctx {
+            model: model.clone(),
+            shutdown: Shutdown::default(),
+        };
+        let config = Arc::new(Config::default());
+        let first = (PANICKY_SINK.start)(config.clone(), ctx.clone())
+            .await
+            .expect("start");
+        assert_eq!(
+            model.sources().get("panicky-sink"),
+            None,
+            "no series before"
+        );
+        let watch = supervise(&PANICKY_SINK, Kind::Sink, config, ctx.clone(), first);
+        let mut saw_down = false;
+        for _ in 0..100 {
+            if model.sources().get("panicky-sink") == Some(&false) {
+                saw_down = true;
+                let detail = model.source_details()["panicky-sink"].join(" ");
+                assert!(
+                    detail.contains("thread exporter: the first exporter panics"),
+                    "{detail}"
+                );
             }
-            assert!(saw_down, "reported down");
-            assert_eq!(SINK_STARTS.load(Ordering::SeqCst), 2, "restarted once");
-            assert_eq!(model.sources().get("panicky-sink"), Some(&true), "up again");
-            let detail = model.source_details()["panicky-sink"].join(" ");
-            assert!(detail.contains("restarted 1 time(s)"), "{detail}");
-            ctx.shutdown.trigger();
-            tokio::time::timeout(std::time::Duration::from_secs(5), watch)
-                .await
-                .expect("the supervisor stops at shutdown")
-                .expect("no panic");
-        });
+            if model.sources().get("panicky-sink") == Some(&true) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(saw_down, "reported down");
+        assert_eq!(SINK_STARTS.load(Ordering::SeqCst), 2, "restarted once");
+        assert_eq!(model.sources().get("panicky-sink"), Some(&true), "up again");
+        let detail = model.source_details()["panicky-sink"].join(" ");
+        assert!(detail.contains("restarted 1 time(s)"), "{detail}");
+        // Counted, so that one panicking again and again shows.
+        let key = crate::internal_events::Key {
+            source: "panicky-sink",
+            stage: "task",
+            error_type: "panic",
+            subject: crate::internal_events::Subject::Node,
+        };
+        assert_eq!(model.errors.get(&key), 1);
+        ctx.shutdown.trigger();
+        tokio::time::timeout(std::time::Duration::from_secs(5), watch)
+            .await
+            .expect("the supervisor stops at shutdown")
+            .expect("no panic");
     }
 
     /// Blocking work beyond the pool's bound waits for a thread instead of starting one: the
@@ -585,40 +599,38 @@ mod tests {
     }
 
     /// A source that panics is reported down with the panic, and started again.
-    #[test]
-    fn a_panicking_source_is_reported_and_restarted() {
-        let rt = runtime().expect("runtime");
-        rt.block_on(async {
-            let model = Model::new();
-            let ctx = Ctx {
-                model: model.clone(),
-                shutdown: Shutdown::default(),
-            };
-            let config = Arc::new(Config::default());
-            let first = (PANICKY.start)(config.clone(), ctx.clone())
-                .await
-                .expect("start");
-            let watch = supervise(&PANICKY, Kind::Source, config, ctx.clone(), first);
-            let mut saw_down = false;
-            for _ in 0..100 {
-                if model.sources().get("panicky") == Some(&false) {
-                    saw_down = true;
-                    let detail = model.source_details()["panicky"].join(" ");
-                    assert!(detail.contains("the first run panics"), "{detail}");
-                }
-                if STARTS.load(Ordering::SeqCst) == 2 && model.sources()["panicky"] {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // Its own runtime's threads are not named `junction-rt`, which the pool test counts.
+    #[tokio::test]
+    async fn a_panicking_source_is_reported_and_restarted() {
+        let model = Model::new();
+        let ctx = Ctx {
+            model: model.clone(),
+            shutdown: Shutdown::default(),
+        };
+        let config = Arc::new(Config::default());
+        let first = (PANICKY.start)(config.clone(), ctx.clone())
+            .await
+            .expect("start");
+        let watch = supervise(&PANICKY, Kind::Source, config, ctx.clone(), first);
+        let mut saw_down = false;
+        for _ in 0..100 {
+            if model.sources().get("panicky") == Some(&false) {
+                saw_down = true;
+                let detail = model.source_details()["panicky"].join(" ");
+                assert!(detail.contains("the first run panics"), "{detail}");
             }
-            assert!(saw_down, "reported down");
-            assert_eq!(STARTS.load(Ordering::SeqCst), 2, "restarted once");
-            assert!(model.sources()["panicky"], "up again");
-            ctx.shutdown.trigger();
-            tokio::time::timeout(std::time::Duration::from_secs(5), watch)
-                .await
-                .expect("the supervisor stops at shutdown")
-                .expect("no panic");
-        });
+            if STARTS.load(Ordering::SeqCst) == 2 && model.sources()["panicky"] {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(saw_down, "reported down");
+        assert_eq!(STARTS.load(Ordering::SeqCst), 2, "restarted once");
+        assert!(model.sources()["panicky"], "up again");
+        ctx.shutdown.trigger();
+        tokio::time::timeout(std::time::Duration::from_secs(5), watch)
+            .await
+            .expect("the supervisor stops at shutdown")
+            .expect("no panic");
     }
 }

@@ -403,3 +403,35 @@ impl InternalEvent for HealthInputUnreadable<'_> {
         tracing::warn!(gpu = %self.gpu, signals = %self.signals.join(","), suppressed, "health rules cannot read their inputs; signal_unreadable raised while it lasts");
     }
 }
+
+/// A source's or a sink's task (or one of its threads) that panicked: it is reported down
+/// and started again after `backoff`. Counted under the component's name, stage `task`,
+/// `error.type` `panic`, so that one that panics again and again shows as a count that keeps
+/// rising (`JunctionComponentRestarting`), where `junction_source_up` only flickers.
+pub struct ComponentPanicked<'a> {
+    /// The source's or sink's name.
+    pub component: &'static str,
+    /// `source` or `sink`.
+    pub kind: &'static str,
+    /// The panic's message (its first 200 characters).
+    pub why: &'a str,
+    /// Restarts so far, this one included.
+    pub restarts: u64,
+    /// When it is started again.
+    pub backoff: std::time::Duration,
+}
+
+impl InternalEvent for ComponentPanicked<'_> {
+    fn key(&self) -> Key {
+        Key {
+            source: self.component,
+            stage: "task",
+            error_type: "panic",
+            subject: Subject::Node,
+        }
+    }
+
+    fn log(&self, suppressed: u64) {
+        tracing::error!(component = self.component, panic = %self.why, restarts = self.restarts, suppressed, "{} panicked; restarting it in {:?}", self.kind, self.backoff);
+    }
+}

@@ -407,7 +407,7 @@ registry! {
     SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,
         "agent", "1 while a source is running and answering.";
     SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage", "error.type", "junction.target"], Status,
-        "agent", "Failed reads per source, stage and kind, with the GPU (hw.id) or target (junction.target) they concern: an NVML call that returned an error, a kernel-log read, a Redfish resource, a BMC poll, the kubelet's List, a health-rule input.";
+        "agent", "Failed reads per source, stage and kind, with the GPU (hw.id) or target (junction.target) they concern: an NVML call that returned an error, a kernel-log read, a Redfish resource, a BMC poll, the kubelet's List, a health-rule input; a source's or sink's panic (junction.stage task, error.type panic: it is restarted).";
     Events = "junction.events", "{event}", Counter, ["event.name"], Status,
         "agent", "Events recorded in the event log (health transitions, XIDs, …) since the agent started.";
     SinkExports = "junction.sink.exports", "{export}", Counter, ["junction.sink", "junction.signal"], Status,
