@@ -405,7 +405,7 @@ registry! {
     CoolantTimeToThreshold = "cooling.coolant.time_to_threshold", "s", Gauge, ["hw.name", "junction.target", "cooling.coolant.point"], Status,
         "derived: a robust trend of a BMC coolant supply temperature against its lowest upper threshold", "Forecast time until the coolant supply temperature reaches its upper threshold; present only while it rises steadily.";
     SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,
-        "agent", "1 while a source is running and answering.";
+        "agent", "1 while a source is running and answering; a sink appears under its name only once it has panicked (0 while it is restarted, 1 after).";
     SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage", "error.type", "junction.target"], Status,
         "agent", "Failed reads per source, stage and kind, with the GPU (hw.id) or target (junction.target) they concern: an NVML call that returned an error, a kernel-log read, a Redfish resource, a BMC poll, the kubelet's List, a health-rule input; a source's or sink's panic (junction.stage task, error.type panic: it is restarted).";
     Events = "junction.events", "{event}", Counter, ["event.name"], Status,
