@@ -86,6 +86,50 @@ pub struct Receiver {
     rt: tokio::runtime::Runtime,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     tls: Option<(String, String)>,
+    /// Both ports while down.
+    held: Vec<Held>,
+}
+
+/// A port held while the receiver is down: each connection is accepted and closed at once,
+/// so that the agent finds the receiver unreachable and no other test's server, started
+/// meanwhile on a port the kernel handed out as free, receives what the agent sends.
+struct Held {
+    addr: SocketAddr,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Held {
+    fn hold(addr: SocketAddr) -> Held {
+        // The server's own listener closes a moment after it is stopped: retry briefly.
+        let mut listener = None;
+        for _ in 0..100 {
+            if let Ok(l) = std::net::TcpListener::bind(addr) {
+                listener = Some(l);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let listener = listener.unwrap_or_else(|| panic!("cannot hold {addr} while down"));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            for c in listener.incoming() {
+                drop(c);
+                if s.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+            }
+        });
+        Held { addr, stop, thread }
+    }
+
+    /// Lets the port go (the listener is closed when this returns).
+    fn release(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = std::net::TcpStream::connect(self.addr);
+        let _ = self.thread.join();
+    }
 }
 
 impl Receiver {
@@ -120,6 +164,7 @@ impl Receiver {
             rt,
             tasks: Vec::new(),
             tls: tls.map(|t| (t.cert, t.key)),
+            held: Vec::new(),
         };
         r.serve_grpc();
         r
@@ -127,6 +172,9 @@ impl Receiver {
 
     /// Serves again on the same ports (after [`Receiver::down`]).
     pub fn up(&mut self) {
+        for h in self.held.drain(..) {
+            h.release();
+        }
         self.http_sink.up();
         self.serve_grpc();
     }
@@ -164,13 +212,14 @@ impl Receiver {
         std::thread::sleep(Duration::from_millis(100));
     }
 
-    /// Stops listening (the receiver is unreachable).
+    /// Stops serving (the receiver is unreachable): its ports stay held, each connection
+    /// closed at once, so that no other server takes them meanwhile.
     pub fn down(&mut self) {
         self.http_sink.down();
         for t in self.tasks.drain(..) {
             t.abort();
         }
-        std::thread::sleep(Duration::from_millis(100));
+        self.held = vec![Held::hold(self.http), Held::hold(self.grpc)];
     }
 
     /// Changes how it answers.
@@ -211,6 +260,9 @@ impl Drop for Receiver {
     fn drop(&mut self) {
         for t in self.tasks.drain(..) {
             t.abort();
+        }
+        for h in self.held.drain(..) {
+            h.release();
         }
     }
 }
