@@ -100,17 +100,15 @@ struct Held {
 }
 
 impl Held {
-    fn hold(addr: SocketAddr) -> Held {
-        // The server's own listener closes a moment after it is stopped: retry briefly.
-        let mut listener = None;
-        for _ in 0..100 {
-            if let Ok(l) = std::net::TcpListener::bind(addr) {
-                listener = Some(l);
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let listener = listener.unwrap_or_else(|| panic!("cannot hold {addr} while down"));
+    /// Holds `addr` on `rt` ([`bind`] retries while the server's own listener, stopped a
+    /// moment ago, lets go).
+    fn hold(rt: &tokio::runtime::Runtime, addr: SocketAddr) -> Held {
+        let listener = rt
+            .block_on(async { bind(addr).await.into_std() })
+            .expect("the held listener");
+        listener
+            .set_nonblocking(false)
+            .expect("a blocking listener");
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -219,7 +217,10 @@ impl Receiver {
         for t in self.tasks.drain(..) {
             t.abort();
         }
-        self.held = vec![Held::hold(self.http), Held::hold(self.grpc)];
+        self.held = vec![
+            Held::hold(&self.rt, self.http),
+            Held::hold(&self.rt, self.grpc),
+        ];
     }
 
     /// Changes how it answers.

@@ -278,8 +278,8 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     Ok(tokio::spawn(async move {
         // Until shutdown, or a panic on either thread: then the other is stopped too (its
         // last delivery made) and this task panics with the thread's message, so that the
-        // supervisor reports the sink down and starts it again; the event cursor is the
-        // model's, so the new shipper delivers from where the last accepted batch ended.
+        // supervisor reports the sink down and starts it again; delivered events are
+        // released from the event log, so the new shipper starts at the first undelivered.
         let panicked = ctx.shutdown.unless(panics.first()).await;
         // The final export: pending events, then the metrics as the sources left them.
         let _ = tokio::task::spawn_blocking(move || {
