@@ -144,22 +144,39 @@ impl Snapshot {
         }
     }
 
-    /// Groups every sample by metric.
-    pub fn view(&self) -> View<'_> {
-        let mut by_metric: Vec<Vec<(&str, &Sample)>> = vec![Vec::new(); REGISTRY.len()];
+    /// Every sample, with its GPU's `hw.id` ("" for the node's).
+    fn each<'s>(&'s self, mut f: impl FnMut(&'s str, &'s Sample)) {
         for (g, extra) in self.gpus.iter().zip(&self.per_gpu) {
             let id = g.info.uuid.as_str();
-            for s in g.groups.iter().flat_map(|v| v.iter()).chain(extra) {
-                by_metric[s.metric as usize].push((id, s));
+            for group in &g.groups {
+                for s in group.iter() {
+                    f(id, s);
+                }
+            }
+            for s in extra {
+                f(id, s);
             }
         }
-        for s in self
-            .node
-            .iter()
-            .chain(self.sets.iter().flat_map(|v| v.iter()))
-        {
-            by_metric[s.metric as usize].push(("", s));
+        for s in &self.node {
+            f("", s);
         }
+        for set in &self.sets {
+            for s in set.iter() {
+                f("", s);
+            }
+        }
+    }
+
+    /// Groups every sample by metric.
+    pub fn view(&self) -> View<'_> {
+        // Counted first, so that each metric's list is allocated once at its size: grown by
+        // doubling, the 64-GPU node's largest lists were copied into new pages on every
+        // scrape.
+        let mut counts = vec![0usize; REGISTRY.len()];
+        self.each(|_, s| counts[s.metric as usize] += 1);
+        let mut by_metric: Vec<Vec<(&str, &Sample)>> =
+            counts.into_iter().map(Vec::with_capacity).collect();
+        self.each(|id, s| by_metric[s.metric as usize].push((id, s)));
         let identity = self
             .gpus
             .iter()

@@ -2,7 +2,9 @@
 //! has a folder and one line in [`ALL`].
 
 pub mod dcgm;
+pub mod gzip;
 pub mod otlp;
+pub mod page;
 pub mod prometheus;
 
 use crate::agent::Component;

@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
+use axum::http::HeaderMap;
+use axum::response::Response;
 use axum::routing::get;
 
 use crate::agent::Component;
@@ -82,6 +82,7 @@ struct Served {
     fields: Vec<Selected>,
     hostname: String,
     hpc_dir: String,
+    pages: crate::sinks::page::Pages,
 }
 
 /// The sink.
@@ -111,12 +112,12 @@ pub const COMPONENT: Component = Component {
                 fields,
                 hostname: hostname(&cfg.hostname),
                 hpc_dir: cfg.hpc_job_mapping_dir.clone(),
+                pages: crate::sinks::page::Pages::new(cfg.gzip),
             });
             let app = Router::new()
                 .route("/metrics", get(metrics))
                 .with_state(served);
             let stop = ctx.shutdown.clone();
-            let app = super::prometheus::compressed(app, cfg.gzip);
             Ok(tokio::spawn(async move {
                 if let Err(e) =
                     super::prometheus::serve_app(listener, app, async move { stop.wait().await })
@@ -149,15 +150,10 @@ fn hostname(configured: &str) -> String {
         .unwrap_or_default()
 }
 
-async fn metrics(State(s): State<Arc<Served>>) -> impl IntoResponse {
-    let body = render(&s.model, &s.fields, &s.hostname, &s.hpc_dir);
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
+async fn metrics(State(s): State<Arc<Served>>, request: HeaderMap) -> Response {
+    s.pages.answer(&request, |out| {
+        render(&s.model, &s.fields, &s.hostname, &s.hpc_dir, out)
+    })
 }
 
 /// A label value escaped as the text format wants.
@@ -314,8 +310,8 @@ fn pods(model: &Model) -> Vec<(String, [String; 3])> {
     out
 }
 
-/// The whole page.
-pub fn render(model: &Model, fields: &[Selected], hostname: &str, hpc_dir: &str) -> String {
+/// The whole page, written to `out`.
+pub fn render(model: &Model, fields: &[Selected], hostname: &str, hpc_dir: &str, out: &mut String) {
     let slots = model.snapshot();
     let driver = model.driver().map(|d| d.driver_version).unwrap_or_default();
     let pods = pods(model);
@@ -400,7 +396,7 @@ pub fn render(model: &Model, fields: &[Selected], hostname: &str, hpc_dir: &str)
             });
         }
     }
-    let mut out = String::with_capacity(256 * fields.len() * slots.len().max(1));
+    out.reserve(256 * fields.len() * slots.len().max(1));
     for sel in fields.iter().filter(|s| s.kind != Kind::Label) {
         let mut lines = String::new();
         for Row {
@@ -469,5 +465,4 @@ pub fn render(model: &Model, fields: &[Selected], hostname: &str, hpc_dir: &str)
             out.push_str(&lines);
         }
     }
-    out
 }

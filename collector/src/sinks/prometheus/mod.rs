@@ -12,12 +12,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::agent::Component;
 use crate::model::{Metric, Model, Sample};
+use crate::sinks::page::Pages;
 
 /// The Prometheus sink: binds at start (a bad or busy address fails `junction run` at once,
 /// naming it), then serves until its shutdown signal.
@@ -50,19 +51,33 @@ pub const COMPONENT: Component = Component {
 
 /// Renders the whole model as Prometheus text.
 pub fn render(model: &Model) -> String {
-    let snap = crate::model::view::Snapshot::take(model);
-    // Start at the size of the previous scrape, so the buffer rarely grows.
-    static LAST_LEN: AtomicUsize = AtomicUsize::new(64 * 1024);
-    let mut out = String::with_capacity(LAST_LEN.load(Ordering::Relaxed) + 4096);
-    encode::render(&snap.view(), &mut out);
-    LAST_LEN.store(out.len(), Ordering::Relaxed);
+    let mut out = String::new();
+    render_into(model, &mut out);
     out
+}
+
+/// Renders the whole model as Prometheus text into `out` (emptied first).
+fn render_into(model: &Model, out: &mut String) {
+    let snap = crate::model::view::Snapshot::take(model);
+    // Room for the size of the previous scrape, so the buffer rarely grows.
+    static LAST_LEN: AtomicUsize = AtomicUsize::new(64 * 1024);
+    out.clear();
+    out.reserve(LAST_LEN.load(Ordering::Relaxed) + 4096);
+    encode::render(&snap.view(), out);
+    LAST_LEN.store(out.len(), Ordering::Relaxed);
+}
+
+/// What the routes hold: the model, and what `/metrics` keeps between scrapes.
+#[derive(Clone)]
+struct Served {
+    model: Arc<Model>,
+    pages: Pages,
 }
 
 /// Scrapes served: the sink's own telemetry, like the OTLP sink's exports.
 static SCRAPES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-async fn metrics(State(model): State<Arc<Model>>) -> impl IntoResponse {
+async fn metrics(State(Served { model, pages }): State<Served>, request: HeaderMap) -> Response {
     let n = SCRAPES.fetch_add(1, Ordering::Relaxed) + 1;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -80,16 +95,10 @@ async fn metrics(State(model): State<Arc<Model>>) -> impl IntoResponse {
             tag(Sample::new(Metric::SinkLastSuccess, now)),
         ],
     );
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        render(&model),
-    )
+    pages.answer(&request, |out| render_into(&model, out))
 }
 
-async fn healthz(State(model): State<Arc<Model>>) -> impl IntoResponse {
+async fn healthz(State(Served { model, .. }): State<Served>) -> impl IntoResponse {
     let sources = model.sources();
     let down: Vec<&str> = sources
         .iter()
@@ -137,24 +146,11 @@ pub async fn serve(
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .with_state(model);
-    serve_app(listener, compressed(app, gzip), shutdown).await
-}
-
-/// `app` answering with a gzip body to a peer that asks for one (`Accept-Encoding: gzip`,
-/// as Prometheus does on every scrape unless `enable_compression: false`), with `Vary:
-/// Accept-Encoding`; others get the text as it is. The 64-GPU node's page is 2.2 MB.
-/// Without `gzip`, `app` as it is (always text).
-pub fn compressed(app: Router, gzip: bool) -> Router {
-    use tower_http::compression::{CompressionLayer, CompressionLevel};
-    if !gzip {
-        return app;
-    }
-    app.layer(
-        CompressionLayer::new()
-            .gzip(true)
-            .quality(CompressionLevel::Precise(crate::sinks::GZIP_LEVEL as i32)),
-    )
+        .with_state(Served {
+            model,
+            pages: Pages::new(gzip),
+        });
+    serve_app(listener, app, shutdown).await
 }
 
 /// Serves `app` with the same bounds (the dcgm-exporter listener shares them).
