@@ -222,7 +222,8 @@ config_section! {
         pub listen: String = "0.0.0.0:9474".into(),
         /// Answer a scraper that asks for gzip (`Accept-Encoding: gzip`, as Prometheus does
         /// unless its `enable_compression` is false) with a gzip page: the 8-GPU node's
-        /// 282 KB page is about 19 KB, for about three times a text scrape's CPU (BENCHMARKS.md).
+        /// 282 KB page is about 19 KB, for about one and a half times a text scrape's CPU
+        /// (BENCHMARKS.md).
         /// false: always text. Default: true.
         pub gzip: bool = true,
     }
