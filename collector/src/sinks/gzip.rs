@@ -107,7 +107,7 @@ impl Gzip {
     /// Takes the sent body's buffer back for the next export (without a copy when the
     /// client holds no other handle to it).
     pub fn keep(&mut self, sent: Bytes) {
-        self.out = Vec::from(sent);
+        self.keep_buffer(Vec::from(sent));
     }
 
     /// Takes `buf` (emptied) for the next body's output, unless the compressor holds a

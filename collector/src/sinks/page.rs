@@ -85,7 +85,7 @@ impl Pages {
 
 /// Whether `Accept-Encoding` takes gzip (RFC 9110 12.5.3): `gzip` or `x-gzip` with a
 /// weight above 0, else `*` with one; no header, or a malformed weight, is no.
-pub fn accepts_gzip(request: &HeaderMap) -> bool {
+fn accepts_gzip(request: &HeaderMap) -> bool {
     let (mut gzip, mut any) = (None, None);
     for value in request.get_all(header::ACCEPT_ENCODING) {
         let Ok(value) = value.to_str() else {
