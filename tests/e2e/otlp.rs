@@ -858,3 +858,48 @@ fn once_writes_the_metrics_request_an_export_sends() {
         "the same series as the page"
     );
 }
+
+/// A receiver that closes connections idle for 300 ms (as a collector or a load balancer
+/// with an idle timeout does) costs no export a second attempt: the exporter sees the close
+/// while it waits for the next export and connects anew, instead of writing the next request
+/// into the closed connection. Every byte the agent says it sent arrived, and no export failed.
+#[test]
+fn a_receiver_that_closes_idle_connections_costs_no_retry() {
+    let sink = testkit::otlp::Sink::start_closing_idle(Duration::from_millis(300))
+        .expect("OTLP/HTTP receiver");
+    let agent = start_agent(
+        "h100-training.toml",
+        &format!(
+            "endpoint = \"http://127.0.0.1:{}\"\nprotocol = \"http/protobuf\"\n",
+            sink.port
+        ),
+    );
+    let requests = || sink.counts("/v1/metrics").requests;
+    let start = Instant::now();
+    while requests() < 5 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{} metric exports arrived in 30 s",
+            requests()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Between two exports (one a second): just after one arrived, and once its connection
+    // has been closed.
+    let n = requests();
+    while requests() == n {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    let got = sink.counts("/v1/metrics");
+    let signal = [("junction_sink", "otlp"), ("junction_signal", "metrics")];
+    let sent = metric(agent.port, "junction_sink_sent_bytes_total", &signal).expect("bytes sent");
+    let failed =
+        metric(agent.port, "junction_sink_export_failures_total", &signal).expect("failures");
+    assert_eq!(failed, 0.0, "no export failed");
+    assert_eq!(
+        sent as u64, got.bytes,
+        "each of {} requests sent once: the agent sent {sent} bytes, {} arrived",
+        got.requests, got.bytes
+    );
+}

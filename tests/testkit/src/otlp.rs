@@ -4,7 +4,8 @@
 //! hands each request to a handler (the demo decodes and shows it; the tests decode and keep
 //! it) and answers what the handler says: 200, or a scripted failure (503 with `Retry-After`,
 //! 400, an answer that comes too late). It can stop listening and come back on the same port
-//! (a receiver that restarts). The end-to-end tests add the gRPC side with tonic.
+//! (a receiver that restarts), and close connections left idle for a while (as a collector or
+//! a load balancer with an idle timeout does). The end-to-end tests add the gRPC side with tonic.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -72,6 +73,8 @@ pub struct Sink {
     counts: Arc<Mutex<BTreeMap<String, Counts>>>,
     handler: Option<Handler>,
     stop: Arc<AtomicBool>,
+    /// Close a connection idle this long.
+    idle_close: Option<Duration>,
 }
 
 impl Sink {
@@ -82,12 +85,22 @@ impl Sink {
 
     /// Listens on a free loopback port and hands every request to `handler`.
     pub fn start_with(handler: Option<Handler>) -> std::io::Result<Sink> {
+        Sink::start_as(handler, None)
+    }
+
+    /// Answers 200 to everything, and closes a connection once it has been idle for `idle`.
+    pub fn start_closing_idle(idle: Duration) -> std::io::Result<Sink> {
+        Sink::start_as(None, Some(idle))
+    }
+
+    fn start_as(handler: Option<Handler>, idle_close: Option<Duration>) -> std::io::Result<Sink> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let mut sink = Sink {
             port: listener.local_addr()?.port(),
             counts: Arc::default(),
             handler,
             stop: Arc::new(AtomicBool::new(false)),
+            idle_close,
         };
         sink.serve(listener);
         Ok(sink)
@@ -96,7 +109,7 @@ impl Sink {
     fn serve(&mut self, listener: TcpListener) {
         let stop = Arc::new(AtomicBool::new(false));
         self.stop = stop.clone();
-        let (c, h) = (self.counts.clone(), self.handler.clone());
+        let (c, h, idle) = (self.counts.clone(), self.handler.clone(), self.idle_close);
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
                 if stop.load(Ordering::SeqCst) {
@@ -104,7 +117,7 @@ impl Sink {
                 }
                 let (c, h, stop) = (c.clone(), h.clone(), stop.clone());
                 std::thread::spawn(move || {
-                    let _ = serve(conn, &c, h.as_ref(), &stop);
+                    let _ = serve(conn, &c, h.as_ref(), &stop, idle);
                 });
             }
         });
@@ -161,13 +174,20 @@ fn serve(
     counts: &Mutex<BTreeMap<String, Counts>>,
     handler: Option<&Handler>,
     stop: &AtomicBool,
+    idle_close: Option<Duration>,
 ) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_millis(200)))?;
+    // How often an idle connection looks at the stop flag (and its idle time).
+    let tick = idle_close.map_or(Duration::from_millis(200), |d| {
+        d.min(Duration::from_millis(200)) / 4
+    });
+    conn.set_read_timeout(Some(tick))?;
     let mut out = conn.try_clone()?;
     let mut r = BufReader::new(conn);
     loop {
         let mut line = String::new();
-        // Idle between requests: look at the stop flag now and then.
+        let idle_since = std::time::Instant::now();
+        // Idle between requests: look at the stop flag now and then; close the connection
+        // once it has been idle too long, if told to.
         loop {
             match r.read_line(&mut line) {
                 Ok(0) => return Ok(()),
@@ -178,7 +198,9 @@ fn serve(
                         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                     ) =>
                 {
-                    if stop.load(Ordering::SeqCst) {
+                    if stop.load(Ordering::SeqCst)
+                        || idle_close.is_some_and(|d| idle_since.elapsed() >= d)
+                    {
                         return Ok(());
                     }
                 }
@@ -218,8 +240,7 @@ fn serve(
         let gzip = header("content-encoding").is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
         let mut body = vec![0u8; len];
         r.read_exact(&mut body)?;
-        r.get_ref()
-            .set_read_timeout(Some(Duration::from_millis(200)))?;
+        r.get_ref().set_read_timeout(Some(tick))?;
         if let Ok(mut c) = counts.lock() {
             let e = c.entry(path.clone()).or_default();
             e.requests += 1;

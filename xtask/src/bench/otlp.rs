@@ -2,7 +2,8 @@
 
 use super::{CAVEAT, Measurement, Scrape};
 
-/// The threads an OTLP metrics export runs on (`comm` names, cut to 15 bytes).
+/// The threads an OTLP metrics export runs on besides the runtime's (`comm` names, cut to
+/// 15 bytes): its loop, and a blocking reqwest client's thread where one sends.
 const EXPORT_THREADS: &[&str] = &["otlp-metrics", "reqwest-interna"];
 /// The threads a `/metrics` scrape runs on: the Tokio runtime's.
 const SCRAPE_THREADS: &[&str] = &["junction-rt"];
@@ -37,8 +38,10 @@ pub(super) fn report(results: &[Measurement], command: &str) -> String {
          Produced by `COMMAND` (release build). OTLP/HTTP protobuf to a counting receiver on\n\
          loopback, one export a second, not scraped. Bytes are request bodies as sent (gzip or\n\
          not); data points per export are the series of the same state on `/metrics`. CPU per\n\
-         export is what the export's own threads ran (`otlp-metrics` and reqwest's runtime\n\
-         thread, `/proc/PID/task/TID/schedstat`) over the minute, per request; CPU per scrape is\n\
+         export is what the export's thread ran (`otlp-metrics`, which encodes, compresses,\n\
+         sends and reads the answer on a single-threaded runtime of its own;\n\
+         `/proc/PID/task/TID/schedstat`) over the minute, with what the Tokio runtime's threads\n\
+         ran beyond the collection-only row's, per request; CPU per scrape is\n\
          what the Tokio runtime's threads (hyper and the render) ran in the scraped row, less what\n\
          they ran in the collection-only row, per scrape. Both come from the threads alone, so the\n\
          collection's cost, which differs from one run of the agent to the next by more than an\n\
@@ -76,10 +79,15 @@ pub(super) fn report(results: &[Measurement], command: &str) -> String {
             continue;
         };
         let per_export = bytes as f64 / requests.max(1) as f64;
-        // The export's own threads (its loop, and reqwest's runtime thread that sends), per
-        // request; the scrape's are the runtime's (hyper and the render), less what they did
-        // in the collection-only row, per scrape.
-        let cpu_export = Some(m.thread_secs(EXPORT_THREADS) * 1000.0 / requests.max(1) as f64);
+        // The export's own threads, and what the runtime's ran beyond the collection-only
+        // row's (the HTTP connection), per request; the scrape's are the runtime's (hyper and
+        // the render), less what they did in the collection-only row, per scrape.
+        let cpu_export = base(m.gpus).map(|b| {
+            (m.thread_secs(EXPORT_THREADS) + m.thread_secs(SCRAPE_THREADS)
+                - b.thread_secs(SCRAPE_THREADS) * m.window.as_secs_f64() / b.window.as_secs_f64())
+                * 1000.0
+                / requests.max(1) as f64
+        });
         let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         out.push_str(&format!(
             "| {} | {} | {:.0} | {} | {:.2} | {:.0} | {} | {} | {} | {} | {} | {:.2} | {:.1} |\n",

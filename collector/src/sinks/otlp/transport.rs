@@ -171,7 +171,7 @@ pub async fn build(s: &Settings, stats: &Arc<Stats>) -> anyhow::Result<Exporters
     let metrics = match s.metrics.protocol {
         Protocol::Grpc => Sender::grpc(&s.metrics, &tls)?,
         Protocol::HttpProtobuf => {
-            Sender::http(&s.metrics, reqwest_client(&s.metrics, &tls).await?)?
+            Sender::http(&s.metrics, reqwest_async_client(&s.metrics, &tls)?)?
         }
     };
     let (logs, logs_last) = match s.logs.protocol {
@@ -288,35 +288,71 @@ fn http<B: WithHttpConfig + WithExportConfig>(b: B, t: &Target, client: Recordin
     }
 }
 
-/// A reqwest blocking client (rustls; the CA file besides the built-in roots; the client
-/// identity), built on a thread of its own: a blocking client must not be created inside the
-/// async runtime.
-async fn reqwest_client(t: &Target, tls: &Tls) -> anyhow::Result<reqwest::blocking::Client> {
-    let timeout = t.timeout;
-    let ca = tls.ca.clone();
-    let identity = tls.identity.clone();
-    tokio::task::spawn_blocking(move || -> anyhow::Result<reqwest::blocking::Client> {
-        let mut b = reqwest::blocking::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
+/// The TLS settings of a reqwest client: the CA file's certificates (besides the built-in
+/// roots) and the client identity (certificate and key in one PEM).
+struct ReqwestTls {
+    roots: Vec<reqwest::Certificate>,
+    identity: Option<reqwest::Identity>,
+}
+
+impl ReqwestTls {
+    fn from(tls: &Tls) -> anyhow::Result<Self> {
+        let roots = match &tls.ca {
+            Some(ca) => reqwest::Certificate::from_pem_bundle(ca)
+                .map_err(|e| anyhow::anyhow!("sinks.otlp.ca_file: not PEM certificates: {e}"))?,
+            None => Vec::new(),
+        };
+        let identity = match &tls.identity {
+            Some((cert, key)) => {
+                let mut pem = cert.clone();
+                pem.push(b'\n');
+                pem.extend_from_slice(key);
+                Some(reqwest::Identity::from_pem(&pem).map_err(|e| {
+                    anyhow::anyhow!("sinks.otlp.client_cert_file / client_key_file: {e}")
+                })?)
+            }
+            None => None,
+        };
+        Ok(Self { roots, identity })
+    }
+}
+
+/// The settings both reqwest clients are built with (rustls, timeouts, the CA file, the
+/// client identity); the async and the blocking builders have the same methods but no
+/// trait in common.
+macro_rules! reqwest_settings {
+    ($builder:expr, $timeout:expr, $tls:expr) => {{
+        let mut b = $builder
+            .timeout($timeout)
+            .connect_timeout($timeout.min(Duration::from_secs(5)))
             .user_agent(concat!("junction/", env!("CARGO_PKG_VERSION")))
             .tls_backend_rustls();
-        if let Some(ca) = ca {
-            for cert in reqwest::Certificate::from_pem_bundle(&ca)
-                .map_err(|e| anyhow::anyhow!("sinks.otlp.ca_file: not PEM certificates: {e}"))?
-            {
-                b = b.add_root_certificate(cert);
-            }
+        for cert in $tls.roots {
+            b = b.add_root_certificate(cert);
         }
-        if let Some((cert, key)) = identity {
-            let mut pem = cert;
-            pem.push(b'\n');
-            pem.extend_from_slice(&key);
-            b = b.identity(reqwest::Identity::from_pem(&pem).map_err(|e| {
-                anyhow::anyhow!("sinks.otlp.client_cert_file / client_key_file: {e}")
-            })?);
+        if let Some(identity) = $tls.identity {
+            b = b.identity(identity);
         }
-        Ok(b.build()?)
+        b
+    }};
+}
+
+/// The metrics sender's client: async, on the agent's runtime, so that an export's request
+/// is written from the exporter's thread and its answer read by the runtime, with no
+/// thread of reqwest's own between them.
+fn reqwest_async_client(t: &Target, tls: &Tls) -> anyhow::Result<reqwest::Client> {
+    let tls = ReqwestTls::from(tls)?;
+    Ok(reqwest_settings!(reqwest::Client::builder(), t.timeout, tls).build()?)
+}
+
+/// The log exporter's client: blocking (`opentelemetry-http` calls it from the batch
+/// processor's thread, outside the runtime), built on a thread of its own, as a blocking
+/// client must not be created inside the async runtime.
+async fn reqwest_client(t: &Target, tls: &Tls) -> anyhow::Result<reqwest::blocking::Client> {
+    let tls = ReqwestTls::from(tls)?;
+    let timeout = t.timeout;
+    tokio::task::spawn_blocking(move || -> anyhow::Result<reqwest::blocking::Client> {
+        Ok(reqwest_settings!(reqwest::blocking::Client::builder(), timeout, tls).build()?)
     })
     .await?
 }

@@ -1,8 +1,10 @@
 //! Sends an encoded metrics request: OTLP/HTTP (a POST of the protobuf body, gzip level 2 when on,
 //! compressed once per export by a compressor kept across exports, through the sink's
-//! blocking reqwest client with its TLS settings) or OTLP/gRPC (the
-//! `MetricsService/Export` call through a tonic channel, the bytes passed through as the
-//! message, gzip by tonic). Every response is classified: 2xx / OK delivered; HTTP 4xx but
+//! reqwest client with its TLS settings) or OTLP/gRPC (the `MetricsService/Export` call
+//! through a tonic channel, the bytes passed through as the message, gzip by tonic). Both
+//! run on the exporter thread's own single-threaded runtime: the thread that encodes a
+//! request writes it and reads the answer, with no other thread woken for an export, and
+//! the connection it keeps is looked after between exports by the same runtime. Every response is classified: 2xx / OK delivered; HTTP 4xx but
 //! 408 and 429, and the gRPC codes the OTLP specification says not to retry, rejected;
 //! the rest retryable. A retryable failure is tried again twice within the request
 //! timeout, after 100 ms then 200 ms (or what the receiver's `Retry-After` / `RetryInfo`
@@ -29,8 +31,9 @@ const FIRST_RETRY: Duration = Duration::from_millis(100);
 pub enum Sender {
     /// OTLP/HTTP.
     Http {
-        /// The blocking client (TLS, timeouts).
-        client: reqwest::blocking::Client,
+        /// The client (TLS, timeouts); its connections live on the runtime that first
+        /// uses it, the exporter thread's.
+        client: reqwest::Client,
         /// The full URL, with `/v1/metrics` (parsed once, not on every export).
         url: reqwest::Url,
         /// Request headers (never logged).
@@ -41,18 +44,21 @@ pub enum Sender {
     },
     /// OTLP/gRPC.
     Grpc {
-        /// The client over a lazily connected channel.
-        grpc: tonic::client::Grpc<Channel>,
+        /// Where the channel connects (TLS and timeouts set; boxed, as it is large).
+        endpoint: Box<Endpoint>,
+        /// gzip the messages.
+        gzip: bool,
+        /// The client, made at the first export on the exporter thread's runtime (a
+        /// channel's worker is a task of the runtime that makes it).
+        grpc: Option<tonic::client::Grpc<Channel>>,
         /// Metadata sent with every call (never logged).
         metadata: tonic::metadata::MetadataMap,
-        /// Runs the calls (the sink's thread is not a runtime thread).
-        runtime: tokio::runtime::Handle,
     },
 }
 
 impl Sender {
     /// The HTTP sender over `client`.
-    pub fn http(t: &Target, client: reqwest::blocking::Client) -> anyhow::Result<Self> {
+    pub fn http(t: &Target, client: reqwest::Client) -> anyhow::Result<Self> {
         let mut headers = reqwest::header::HeaderMap::new();
         for (k, v) in &t.headers {
             let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
@@ -88,7 +94,7 @@ impl Sender {
         })
     }
 
-    /// The gRPC sender (the channel connects on the first call; call inside the runtime).
+    /// The gRPC sender (the channel is made and connects at the first export).
     pub fn grpc(t: &Target, tls: &Tls) -> anyhow::Result<Self> {
         let bad = |e: tonic::transport::Error| {
             anyhow::anyhow!(
@@ -106,16 +112,11 @@ impl Sender {
         if t.endpoint.starts_with("https://") {
             endpoint = endpoint.tls_config(tonic_tls(tls)).map_err(bad)?;
         }
-        let mut grpc = tonic::client::Grpc::new(endpoint.connect_lazy());
-        if t.gzip {
-            grpc = grpc
-                .send_compressed(CompressionEncoding::Gzip)
-                .accept_compressed(CompressionEncoding::Gzip);
-        }
         Ok(Sender::Grpc {
-            grpc,
+            endpoint: Box::new(endpoint),
+            gzip: t.gzip,
+            grpc: None,
             metadata: grpc_metadata(t)?,
-            runtime: tokio::runtime::Handle::current(),
         })
     }
 
@@ -132,7 +133,7 @@ impl Sender {
     /// Sends `body` (an encoded `ExportMetricsServiceRequest`), retrying as the module says
     /// within `timeout`; `stopping` cuts the waits short. Every attempt sends a handle to
     /// the same bytes (no copy of the request per attempt).
-    pub fn export(
+    pub async fn export(
         &mut self,
         body: Bytes,
         timeout: Duration,
@@ -143,15 +144,15 @@ impl Sender {
             // Compressed once for every attempt.
             z.start();
             z.feed(&body);
-            return self.export_gzipped(timeout, stats, stopping);
+            return self.export_gzipped(timeout, stats, stopping).await;
         }
         let http_body = matches!(self, Sender::Http { .. }).then(|| body.clone());
-        self.send(&body, http_body, timeout, stats, stopping)
+        self.send(&body, http_body, timeout, stats, stopping).await
     }
 
     /// Sends the request the compressor was fed since [`Gzip::start`], as [`Sender::export`]
     /// does.
-    pub fn export_gzipped(
+    pub async fn export_gzipped(
         &mut self,
         timeout: Duration,
         stats: &Stats,
@@ -163,10 +164,11 @@ impl Sender {
             None => return Outcome::Retryable("gzip: this sender does not compress".into()),
         };
         self.send(&Bytes::new(), Some(http_body), timeout, stats, stopping)
+            .await
     }
 
     /// The attempts: `body` is what gRPC sends, `http_body` what HTTP does.
-    fn send(
+    async fn send(
         &mut self,
         body: &Bytes,
         mut http_body: Option<Bytes>,
@@ -178,7 +180,7 @@ impl Sender {
         let mut wait = FIRST_RETRY;
         let mut attempt = 1;
         let outcome = loop {
-            let (outcome, hint) = self.attempt(body, http_body.as_ref(), stats);
+            let (outcome, hint) = self.attempt(body, http_body.as_ref(), stats).await;
             if !matches!(outcome, Outcome::Retryable(_)) || attempt >= ATTEMPTS || stopping() {
                 break outcome;
             }
@@ -186,7 +188,7 @@ impl Sender {
             if Instant::now() + pause >= deadline {
                 break outcome;
             }
-            std::thread::sleep(pause);
+            tokio::time::sleep(pause).await;
             wait *= 2;
             attempt += 1;
         };
@@ -197,7 +199,7 @@ impl Sender {
     }
 
     /// One attempt: how it ended and how long the receiver asked to wait, if it did.
-    fn attempt(
+    async fn attempt(
         &mut self,
         body: &Bytes,
         http_body: Option<&Bytes>,
@@ -212,27 +214,27 @@ impl Sender {
             } => {
                 let payload = http_body.cloned().unwrap_or_default();
                 stats.sent(Signal::Metrics, payload.len());
-                let r = client
+                let request = client
                     .post(url.clone())
                     .headers(headers.clone())
-                    .body(payload)
-                    .send();
+                    .body(payload);
+                let r = async move {
+                    let resp = request.send().await?;
+                    let code = resp.status().as_u16();
+                    let hint = resp
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(Duration::from_secs);
+                    // The body (a partial success, if any) is read so the connection is
+                    // reused.
+                    Ok::<_, reqwest::Error>((code, hint, body_start(resp).await))
+                }
+                .await;
                 match r {
-                    Ok(resp) if resp.status().is_success() => {
-                        // The body (a partial success, if any) is read so the connection is
-                        // reused.
-                        let _ = body_start(resp);
-                        (Outcome::Ok, None)
-                    }
-                    Ok(resp) => {
-                        let code = resp.status().as_u16();
-                        let hint = resp
-                            .headers()
-                            .get(reqwest::header::RETRY_AFTER)
-                            .and_then(|v| v.to_str().ok())
-                            .and_then(|v| v.trim().parse::<u64>().ok())
-                            .map(Duration::from_secs);
-                        let text = body_start(resp);
+                    Ok((code, _, _)) if (200..300).contains(&code) => (Outcome::Ok, None),
+                    Ok((code, hint, text)) => {
                         let text = String::from_utf8_lossy(&text[..text.len().min(512)])
                             .trim()
                             .to_string();
@@ -247,20 +249,32 @@ impl Sender {
                 }
             }
             Sender::Grpc {
+                endpoint,
+                gzip,
                 grpc,
                 metadata,
-                runtime,
             } => {
+                let mut grpc = grpc
+                    .get_or_insert_with(|| {
+                        let grpc = tonic::client::Grpc::new(endpoint.connect_lazy());
+                        if *gzip {
+                            grpc.send_compressed(CompressionEncoding::Gzip)
+                                .accept_compressed(CompressionEncoding::Gzip)
+                        } else {
+                            grpc
+                        }
+                    })
+                    .clone();
                 let mut request = tonic::Request::new(body.clone());
                 *request.metadata_mut() = metadata.clone();
                 let path = tonic::codegen::http::uri::PathAndQuery::from_static(EXPORT);
-                let mut grpc = grpc.clone();
-                let r = runtime.block_on(async move {
+                let r = async move {
                     grpc.ready()
                         .await
                         .map_err(|e| tonic::Status::unavailable(chain(&e)))?;
                     grpc.unary::<Bytes, (), _>(request, path, Raw).await
-                });
+                }
+                .await;
                 match r {
                     Ok(_) => (Outcome::Ok, None),
                     Err(status) => classify(&status),
@@ -271,11 +285,17 @@ impl Sender {
 }
 
 /// At most the first 64 KiB of a response body: what a receiver answers is not ours to
-/// hold whole (a partial success is a few hundred bytes, an error message less).
-fn body_start(resp: reqwest::blocking::Response) -> Vec<u8> {
-    use std::io::Read as _;
+/// hold whole (a partial success is a few hundred bytes, an error message less). A body
+/// that fails part way gives what came before.
+async fn body_start(mut resp: reqwest::Response) -> Vec<u8> {
+    const MOST: usize = 64 * 1024;
     let mut out = Vec::new();
-    let _ = resp.take(64 * 1024).read_to_end(&mut out);
+    while out.len() < MOST {
+        match resp.chunk().await {
+            Ok(Some(c)) => out.extend_from_slice(&c[..c.len().min(MOST - out.len())]),
+            Ok(None) | Err(_) => break,
+        }
+    }
     out
 }
 
