@@ -4,11 +4,12 @@
 //! through a tonic channel, the bytes passed through as the message, gzip by tonic). Both
 //! run on the exporter thread's own single-threaded runtime: the thread that encodes a
 //! request writes it and reads the answer, with no other thread woken for an export, and
-//! the connection it keeps is looked after between exports by the same runtime. Every response is classified: 2xx / OK delivered; HTTP 4xx but
-//! 408 and 429, and the gRPC codes the OTLP specification says not to retry, rejected;
-//! the rest retryable. A retryable failure is tried again twice within the request
-//! timeout, after 100 ms then 200 ms (or what the receiver's `Retry-After` / `RetryInfo`
-//! asks, if that fits); past that the next export carries the state.
+//! the connection it keeps is looked after between exports by the same runtime. Every
+//! response is classified: 2xx / OK delivered; HTTP 4xx but 408 and 429, and the gRPC codes
+//! the OTLP specification says not to retry, rejected; the rest retryable. A retryable
+//! failure is tried again twice within the request timeout, after 100 ms then 200 ms (or
+//! what the receiver's `Retry-After` / `RetryInfo` asks, if that fits); past that the next
+//! export carries the state.
 
 use std::time::{Duration, Instant};
 
