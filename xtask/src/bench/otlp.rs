@@ -2,11 +2,18 @@
 
 use super::{CAVEAT, Measurement, Scrape};
 
-/// The threads an OTLP metrics export runs on besides the runtime's (`comm` names, cut to
-/// 15 bytes): its loop, and a blocking reqwest client's thread where one sends.
-const EXPORT_THREADS: &[&str] = &["otlp-metrics", "reqwest-interna"];
+/// The threads an OTLP metrics export runs on (`comm` prefixes): its loop, which also sends,
+/// and its runtime's blocking threads (`otlp-metrics-io`, a host-name lookup).
+const EXPORT_THREADS: &[&str] = &["otlp-metrics"];
 /// The threads a `/metrics` scrape runs on: the Tokio runtime's.
 const SCRAPE_THREADS: &[&str] = &["junction-rt"];
+
+/// Seconds the Tokio runtime's threads ran in `m` beyond what they ran in the
+/// collection-only row `base`, scaled to `m`'s window.
+fn runtime_beyond(m: &Measurement, base: &Measurement) -> f64 {
+    m.thread_secs(SCRAPE_THREADS)
+        - base.thread_secs(SCRAPE_THREADS) * m.window.as_secs_f64() / base.window.as_secs_f64()
+}
 
 /// The OTLP table: bytes on the wire per export, per data point and per GPU, and CPU per
 /// export, beside one `/metrics` scrape of the same state.
@@ -25,12 +32,7 @@ pub(super) fn report(results: &[Measurement], command: &str) -> String {
     // CPU per scrape of a row scraped `how`: the runtime's threads (hyper and the render, and
     // gzip when asked), less what they did in the collection-only row, per scrape.
     let cpu_scrape = |gpus: u32, how: Scrape| match (scraped_as(gpus, how), base(gpus)) {
-        (Some(s), Some(b)) => Some(
-            (s.thread_secs(SCRAPE_THREADS)
-                - b.thread_secs(SCRAPE_THREADS) * s.window.as_secs_f64() / b.window.as_secs_f64())
-                * 1000.0
-                / f64::from(s.scrapes.max(1)),
-        ),
+        (Some(s), Some(b)) => Some(runtime_beyond(s, b) * 1000.0 / f64::from(s.scrapes.max(1))),
         _ => None,
     };
     let mut out = String::from(
@@ -79,14 +81,11 @@ pub(super) fn report(results: &[Measurement], command: &str) -> String {
             continue;
         };
         let per_export = bytes as f64 / requests.max(1) as f64;
-        // The export's own threads, and what the runtime's ran beyond the collection-only
-        // row's (the HTTP connection), per request; the scrape's are the runtime's (hyper and
-        // the render), less what they did in the collection-only row, per scrape.
+        // The export's own threads, and whatever the runtime's ran beyond the collection-only
+        // row's, per request; the scrape's are the runtime's (hyper and the render), less
+        // what they did in the collection-only row, per scrape.
         let cpu_export = base(m.gpus).map(|b| {
-            (m.thread_secs(EXPORT_THREADS) + m.thread_secs(SCRAPE_THREADS)
-                - b.thread_secs(SCRAPE_THREADS) * m.window.as_secs_f64() / b.window.as_secs_f64())
-                * 1000.0
-                / requests.max(1) as f64
+            (m.thread_secs(EXPORT_THREADS) + runtime_beyond(m, b)) * 1000.0 / requests.max(1) as f64
         });
         let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         out.push_str(&format!(

@@ -337,9 +337,8 @@ macro_rules! reqwest_settings {
     }};
 }
 
-/// The metrics sender's client: async, on the agent's runtime, so that an export's request
-/// is written from the exporter's thread and its answer read by the runtime, with no
-/// thread of reqwest's own between them.
+/// The metrics sender's client: async, used on the exporter thread's own runtime, so that
+/// the thread that writes a request also sends it and reads the answer.
 fn reqwest_async_client(t: &Target, tls: &Tls) -> anyhow::Result<reqwest::Client> {
     let tls = ReqwestTls::from(tls)?;
     Ok(reqwest_settings!(reqwest::Client::builder(), t.timeout, tls).build()?)
