@@ -5,7 +5,10 @@
 //! bounded by age (`health.history_max_age_secs`, 14 days) and size
 //! (`health.history_max_bytes`, 4 MiB): past the size, the oldest half is dropped and the file
 //! rewritten atomically. A line a kill cut short is skipped when the file is read: at most the
-//! last event is lost, and nothing else is.
+//! last event is lost, and nothing else is. At start only the file's last `max_bytes` are read,
+//! a buffer at a time, and a rewrite writes entry by entry: neither holds the file's text, so
+//! the history costs at start what it costs after (a full one read whole and rewritten through
+//! a second copy had put about 15 MiB on the 8-GPU node's peak RSS).
 
 use std::collections::HashSet;
 use std::io::Write as _;
@@ -192,15 +195,111 @@ impl Default for History {
     }
 }
 
+/// The longest line read back. An entry's fields are capped (boot 64, id 96, code 64 and
+/// detail 200 characters), so one of ours is well under this; a longer line is skipped as it
+/// is read, never held whole.
+const MAX_LINE: usize = 4096;
+
 /// Reads a history file: every whole line that parses, oldest first.
 pub fn read(path: &Path) -> Vec<Entry> {
-    std::fs::read_to_string(path)
-        .map(|t| {
-            t.lines()
-                .filter_map(|l| serde_json::from_str::<Entry>(l).ok())
-                .collect()
-        })
-        .unwrap_or_default()
+    let mut entries = Vec::new();
+    read_tail(path, u64::MAX, &mut |e| entries.push(e));
+    entries
+}
+
+/// Hands `each` every whole line of the file's last `max_bytes` that parses, oldest first:
+/// the file is read a buffer at a time, never whole, and what lies before its last
+/// `max_bytes` (older entries, which the size bound would drop) is not read at all.
+fn read_tail(path: &Path, max_bytes: u64, each: &mut dyn FnMut(Entry)) {
+    use std::io::{BufRead as _, Read as _, Seek as _};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return;
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let mut r = std::io::BufReader::with_capacity(64 * 1024, &mut f);
+    if len > max_bytes {
+        // Back one byte from the cut, then to the end of the line it falls in: a line that
+        // starts right at the cut is kept whole.
+        if r.seek(std::io::SeekFrom::Start(len - max_bytes - 1))
+            .is_err()
+            || skip_line(&mut r).is_err()
+        {
+            return;
+        }
+    }
+    let mut line = Vec::with_capacity(512);
+    loop {
+        line.clear();
+        match (&mut r)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if line.len() > MAX_LINE && line.last() != Some(&b'\n') {
+            if skip_line(&mut r).is_err() {
+                return;
+            }
+            continue;
+        }
+        if let Ok(e) = serde_json::from_slice::<Entry>(&line) {
+            each(e);
+        }
+    }
+}
+
+/// Reads past the next newline (or to the end), holding none of it.
+fn skip_line(r: &mut impl std::io::BufRead) -> std::io::Result<()> {
+    loop {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(at) => {
+                r.consume(at + 1);
+                return Ok(());
+            }
+            None => {
+                let n = buf.len();
+                r.consume(n);
+            }
+        }
+    }
+}
+
+/// Counts the bytes written to it: a line's length without writing the line anywhere.
+struct Count(u64);
+
+impl std::io::Write for Count {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0 += b.len() as u64;
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Bytes of `e`'s line, its newline included.
+fn line_len(e: &Entry) -> u64 {
+    let mut n = Count(0);
+    // Writing an entry (strings and integers) into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut n, e);
+    n.0 + 1
+}
+
+/// Writes `entries` one line each to `path`, through a buffer, and syncs it.
+fn write_lines(path: &Path, entries: &[Entry]) -> std::io::Result<()> {
+    let mut w = std::io::BufWriter::with_capacity(64 * 1024, std::fs::File::create(path)?);
+    for e in entries {
+        serde_json::to_writer(&mut w, e)?;
+        w.write_all(b"\n")?;
+    }
+    // On disk before the rename puts it in the history's place.
+    w.into_inner().map_err(|e| e.into_error())?.sync_all()
 }
 
 impl History {
@@ -228,11 +327,15 @@ impl History {
         let mut i = lock(&self.inner);
         let Some(dir) = dir else { return };
         let path = dir.join(FILE);
-        let mut entries = read(&path);
-        i.strings = Strings::default();
-        for e in &mut entries {
-            i.strings.share(e);
-        }
+        // Only the file's last `max_bytes` can be kept; each entry's strings are shared as it
+        // is read, so that no entry's own copies outlive it.
+        let mut entries = Vec::new();
+        let mut strings = Strings::default();
+        read_tail(&path, i.max_bytes, &mut |mut e| {
+            strings.share(&mut e);
+            entries.push(e);
+        });
+        i.strings = strings;
         i.entries = Arc::new(entries);
         i.path = Some(path);
         let max = i.max_bytes;
@@ -272,30 +375,26 @@ impl History {
             .map_or(0, |d| d.as_millis() as u64);
         let oldest = now.saturating_sub(i.max_age.as_millis() as u64);
         Arc::make_mut(&mut i.entries).retain(|e| e.ms >= oldest);
-        let lines: Vec<String> = i
-            .entries
-            .iter()
-            .filter_map(|e| serde_json::to_string(e).ok())
-            .collect();
-        let mut keep = lines.len();
+        // The newest entries whose lines fit in `target`: measured, not written out, so that
+        // a rewrite holds no second copy of the history.
+        let mut keep = i.entries.len();
         let mut bytes: u64 = 0;
-        for (n, l) in lines.iter().enumerate().rev() {
-            if bytes + l.len() as u64 + 1 > target {
+        for (n, e) in i.entries.iter().enumerate().rev() {
+            let l = line_len(e);
+            if bytes + l > target {
                 break;
             }
-            bytes += l.len() as u64 + 1;
+            bytes += l;
             keep = n;
         }
-        let drop = keep.min(i.entries.len());
-        if drop > 0 {
-            Arc::make_mut(&mut i.entries).drain(..drop);
+        if keep > 0 {
+            Arc::make_mut(&mut i.entries).drain(..keep);
         }
         i.strings.prune();
         i.bytes = bytes;
         let Some(path) = i.path.clone() else { return };
         let tmp = path.with_extension("jsonl.tmp");
-        let text: String = lines[drop..].iter().map(|l| format!("{l}\n")).collect();
-        let written = std::fs::write(&tmp, text)
+        let written = write_lines(&tmp, &i.entries)
             .and_then(|()| std::fs::rename(&tmp, &path))
             .and_then(|()| std::fs::OpenOptions::new().append(true).open(&path));
         match written {
@@ -415,6 +514,81 @@ mod tests {
             2,
             "one copy in memory: the history's, shared with the one reader"
         );
+    }
+
+    /// `n` lines as the history writes them, codes `first..first + n`, now.
+    fn lines(first: u32, n: u32) -> String {
+        (first..first + n)
+            .map(|c| {
+                let e = Entry::now("boot-a", "GPU-1", "xid", c.to_string(), "an XID");
+                format!("{}\n", serde_json::to_string(&e).expect("json"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_file_past_the_bound_is_read_from_its_tail_and_keeps_the_newest() {
+        let dir = testkit::temp_dir();
+        // Five times the bound, as a history written with a larger one leaves it.
+        let max = 16 * 1024u64;
+        let text = lines(0, 1000);
+        assert!(text.len() as u64 > 5 * max, "{}", text.len());
+        std::fs::write(dir.join(FILE), &text).expect("write");
+        let h = History::new(max, Duration::from_secs(86400));
+        h.open(Some(&dir));
+        let codes: Vec<u32> = h
+            .entries()
+            .iter()
+            .map(|e| e.code.parse().expect("a code"))
+            .collect();
+        assert_eq!(codes.last(), Some(&999), "the newest kept");
+        let first = codes[0];
+        assert_eq!(
+            codes,
+            (first..1000).collect::<Vec<_>>(),
+            "a run of the newest, none torn or skipped"
+        );
+        // As many as fit: every line kept but the one the cut fell in.
+        let line = text.lines().last().expect("a line").len() as u64 + 1;
+        let size = std::fs::metadata(dir.join(FILE)).expect("file").len();
+        assert!(size <= max && size + 2 * line > max, "{size} of {max}");
+        assert_eq!(read(&dir.join(FILE)), h.entries()[..], "rewritten as held");
+        // A cut that falls right at a line's start keeps that line; one byte later, it is
+        // torn and dropped.
+        let path = dir.join(FILE);
+        std::fs::write(&path, lines(0, 10)).expect("write");
+        let tail = lines(5, 5).len() as u64;
+        let codes = |max: u64| {
+            let mut codes = Vec::new();
+            read_tail(&path, max, &mut |e| codes.push(e.code.to_string()));
+            codes
+        };
+        assert_eq!(codes(tail), ["5", "6", "7", "8", "9"]);
+        assert_eq!(codes(tail - 1), ["6", "7", "8", "9"]);
+        assert_eq!(
+            codes(u64::MAX).len(),
+            10,
+            "a bound past the file reads it all"
+        );
+    }
+
+    #[test]
+    fn an_overlong_line_is_skipped_and_the_next_kept() {
+        let dir = testkit::temp_dir();
+        let mut text = lines(0, 1);
+        text.push_str(&"x".repeat(1 << 20));
+        text.push('\n');
+        // Valid JSON, but longer than any line the history writes: not ours, not kept (read
+        // in pieces, its last piece alone would parse).
+        text.push_str(&" ".repeat(MAX_LINE + 1));
+        text.push_str(&lines(7, 1));
+        text.push_str(&lines(1, 1));
+        std::fs::write(dir.join(FILE), &text).expect("write");
+        let h = History::new(4 << 20, Duration::from_secs(86400));
+        h.open(Some(&dir));
+        let codes: Vec<_> = h.entries().iter().map(|e| e.code.to_string()).collect();
+        assert_eq!(codes, ["0", "1"]);
+        assert_eq!(read(&dir.join(FILE)).len(), 2, "the file was mended");
     }
 
     #[test]

@@ -33,7 +33,8 @@ pub fn run(bin: &Path, lib: &Path, window: Duration, dir: &Path) -> Result<Vec<N
         {
             let native = port + 2 * i as u16;
             let compat = native + 1;
-            let mut text = sim_config(lib, &format!("127.0.0.1:{native}"), 1);
+            let mut text = super::fresh_state(dir, native)?;
+            text.push_str(&sim_config(lib, &format!("127.0.0.1:{native}"), 1));
             text.push_str(&format!(
                 "\n[sources.ebpf]\nenabled = false\n\n[sources.kmsg]\nenabled = false\n\n[sinks.dcgm]\nenabled = true\nlisten = \"127.0.0.1:{compat}\"\nhostname = \"bench\"\n"
             ));

@@ -28,6 +28,52 @@ use measure::{Measurement, Scrape, measure, scrape, spawn_junction, spawn_juncti
 const ALL_SOURCES: &str =
     "junction, 8 GPUs, every default source as root (+ eBPF, kernel log; scraped)";
 
+/// The row that starts on an event history at its size bound, as a node's is after weeks.
+const FULL_HISTORY: &str =
+    "junction, 8 GPUs, started on a full event history (4 MiB, `health.history_max_bytes`)";
+
+/// A `state_dir = …` line (the file's first) naming an empty state directory of its own for
+/// the agent on `port`: what earlier runs left in the default one (its event history, read
+/// at start) would otherwise enter the figures.
+pub(crate) fn fresh_state(dir: &std::path::Path, port: u16) -> Result<String> {
+    let state = dir.join(format!("state-{port}"));
+    if state.exists() {
+        std::fs::remove_dir_all(&state).with_context(|| format!("emptying {}", state.display()))?;
+    }
+    std::fs::create_dir_all(&state)?;
+    Ok(format!("state_dir = {:?}\n", state.display().to_string()))
+}
+
+/// Fills `state`'s event history to about `bytes` with XIDs of eight GPUs over 30 boots, a
+/// line a second from a day ago on (within the default age bound of 14 days): lines of the
+/// form the agent writes (`collector/src/model/history.rs`, `Entry`).
+fn fill_history(state: &std::path::Path, bytes: usize) -> Result<()> {
+    use std::fmt::Write as _;
+    let from = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64
+        - 86_400_000;
+    let mut text = String::with_capacity(bytes + 512);
+    let mut n = 0u64;
+    while text.len() < bytes {
+        let _ = writeln!(
+            text,
+            r#"{{"ms":{},"boot":"{:08x}-6715-4302-86de-6d15c63387c3","id":"GPU-{:08x}-0000-4000-8000-00115dfa5726","kind":"xid","code":"{}","pid":{},"detail":"Graphics Exception: ESR 0x{:x}, channel {}, process {}"}}"#,
+            from + n * 1000,
+            n % 30,
+            n % 8,
+            [13, 31, 43, 48, 63, 79, 94][(n % 7) as usize],
+            1000 + n % 500,
+            (n * 7919) % 65536,
+            n % 64,
+            1000 + n % 500,
+        );
+        n += 1;
+    }
+    std::fs::write(state.join("history.jsonl"), text)?;
+    Ok(())
+}
+
 /// One benchmark row: label, scenario, GPUs, port, how it is scraped, OTLP compression
 /// (none: no OTLP).
 type Row = (
@@ -175,12 +221,20 @@ fn junction_rows(
     otlp_only: bool,
 ) -> Result<Vec<Measurement>> {
     let mut results = Vec::new();
-    let rows: [Row; 11] = [
+    let rows: [Row; 12] = [
         (
             "junction, 8 GPUs",
             "h100-training.toml",
             8,
             19481,
+            Scrape::Text,
+            None,
+        ),
+        (
+            FULL_HISTORY,
+            "h100-training.toml",
+            8,
+            19494,
             Scrape::Text,
             None,
         ),
@@ -266,11 +320,15 @@ fn junction_rows(
         ),
     ];
     for (label, scenario, gpus, port, scraped, compression) in rows {
-        if otlp_only && label == ALL_SOURCES {
+        if otlp_only && (label == ALL_SOURCES || label == FULL_HISTORY) {
             continue;
         }
         let config = dir.join(format!("bench-{port}.toml"));
-        let mut text = sim_config(lib, &format!("127.0.0.1:{port}"), 1);
+        let mut text = fresh_state(dir, port)?;
+        if label == FULL_HISTORY {
+            fill_history(&dir.join(format!("state-{port}")), 4 << 20)?;
+        }
+        text.push_str(&sim_config(lib, &format!("127.0.0.1:{port}"), 1));
         if label != ALL_SOURCES {
             // NVML and the sinks alone (what nvitop-exporter does): the eBPF and kernel-log
             // sources, on by default as root, are measured in the last row and sections below.
@@ -540,7 +598,10 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
          system time from `/proc/PID/stat` (10 ms ticks) as a cross-check. Peak RSS is `VmHWM` (for the\n\
          last row it includes the BPF ring buffer Junction maps). Every row but the last runs NVML and the\n\
          sinks only (eBPF and kernel-log sources off), like the peer. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
-         `LD_LIBRARY_PATH`) at `--interval 1.0`.\n\n\
+         `LD_LIBRARY_PATH`) at `--interval 1.0`. Each row's agent starts on an empty state directory of\n\
+         its own, but one: that row's holds an event history at its size bound (4 MiB of XIDs, about\n\
+         19,000 lines, from eight GPUs over 30 boots), which the agent reads and rewrites at start, as it\n\
+         does on a node after weeks of XIDs.\n\n\
          | process | CPU ms per 1 s cycle | % of one core | % of one core (ticks) | peak RSS (MiB) | series per scrape | scrapes |\n\
          |---|---|---|---|---|---|---|\n"
     ));

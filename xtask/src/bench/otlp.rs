@@ -52,16 +52,17 @@ pub(super) fn report(results: &[Measurement], command: &str) -> String {
          into the compressor in 64 KiB pieces as it goes (flate2 over zlib-rs, level 2, one\n\
          compressor reset for each export), so the whole uncompressed request is never held;\n\
          without, into a buffer kept across exports that the sender borrows. Where the instructions go\n\
-         (callgrind on the running agent, 8-GPU node, OTLP/HTTP gzip once a second, `/metrics`\n\
-         scraped once a second as text and once asking for gzip; 29 exports, 41 renders): an\n\
-         export 5.38 M instructions on its thread, of which the protobuf encode 1.31 M (was\n\
-         2.12 M: what the first pass finds about each point is kept for the second, constant\n\
-         attributes are copied, each GPU's identity written once an export), gzip 3.82 M and\n\
-         taking the snapshot 0.24 M. A text scrape 1.5 M (the render and its snapshot); a scrape\n\
-         asking for gzip 5.1 M (the same, and 3.6 M of gzip), with its compressor and the page's\n\
-         buffer kept from one scrape to the next (the build of 8522e43, 10 scrapes of each kind\n\
-         in 20 s; before it, tower-http's compressor, made anew for each answer, took 0.45 M more\n\
-         to set up, and both kinds wrote the page into pages faulted in anew). gzip at level 2\n\
+         (callgrind on the running agent, the build of accbb7e, 8-GPU node, OTLP/HTTP gzip once\n\
+         a second and `/metrics` asked for gzip once a second; 21 exports, 20 scrapes): an\n\
+         export 5.34 M instructions on its thread, of which gzip 3.88 M (the compressor's reset\n\
+         0.18 M of it), the protobuf encode 1.24 M (was 2.12 M: what the first pass finds about\n\
+         each point is kept for the second, constant attributes are copied, each GPU's identity\n\
+         written once an export), taking the snapshot 0.14 M, and the HTTP request and its\n\
+         answer 0.05 M; a scrape asking for gzip 5.43 M on the runtime's threads. A text scrape\n\
+         1.5 M (the render and its snapshot; the build of 8522e43, 10 scrapes of each\n\
+         kind in 20 s), with its compressor and the page's buffer kept from one scrape to the\n\
+         next (before 8522e43, tower-http's compressor, made anew for each answer, took 0.45 M\n\
+         more to set up, and both kinds wrote the page into pages faulted in anew). gzip at level 2\n\
          costs what it costs on either side, two and a half text scrapes: against a scrape that asks for gzip, as Prometheus\n\
          does, an export costs about as much; against a text scrape, it cannot. Level 1 would cut\n\
          gzip by a quarter and make the body 13 % larger (10.3 bytes a point on the 8-GPU node,\n\

@@ -112,7 +112,8 @@ fn run_once(bin: &Path, lib: &Path, dir: &Path, window: Duration, pass: u32) -> 
         let port = 19520 + 10 * pass as u16 + n as u16;
         let scenario = scenario(dir, gpus, processes)?;
         let config = dir.join(format!("scale-{port}.toml"));
-        let mut text = sim_config(lib, &format!("127.0.0.1:{port}"), 1);
+        let mut text = super::fresh_state(dir, port)?;
+        text.push_str(&sim_config(lib, &format!("127.0.0.1:{port}"), 1));
         text.push_str("\n[sources.ebpf]\nenabled = false\n\n[sources.kmsg]\nenabled = false\n");
         std::fs::write(&config, text)?;
         let label = format!("{gpus} GPUs, {} processes", processes.unwrap_or(2 * gpus));
