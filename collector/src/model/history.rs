@@ -291,15 +291,14 @@ fn line_len(e: &Entry) -> u64 {
     n.0 + 1
 }
 
-/// Writes `entries` one line each to `path`, through a buffer, and syncs it.
-fn write_lines(path: &Path, entries: &[Entry]) -> std::io::Result<()> {
-    let mut w = std::io::BufWriter::with_capacity(64 * 1024, std::fs::File::create(path)?);
+/// Writes `entries` one line each into `f`, through a buffer.
+fn write_lines(f: &mut std::fs::File, entries: &[Entry]) -> std::io::Result<()> {
+    let mut w = std::io::BufWriter::with_capacity(64 * 1024, f);
     for e in entries {
         serde_json::to_writer(&mut w, e)?;
         w.write_all(b"\n")?;
     }
-    // On disk before the rename puts it in the history's place.
-    w.into_inner().map_err(|e| e.into_error())?.sync_all()
+    w.flush()
 }
 
 impl History {
@@ -393,9 +392,8 @@ impl History {
         i.strings.prune();
         i.bytes = bytes;
         let Some(path) = i.path.clone() else { return };
-        let tmp = path.with_extension("jsonl.tmp");
-        let written = write_lines(&tmp, &i.entries)
-            .and_then(|()| std::fs::rename(&tmp, &path))
+        let entries = &i.entries;
+        let written = super::state::write_atomically(&path, |f| write_lines(f, entries))
             .and_then(|()| std::fs::OpenOptions::new().append(true).open(&path));
         match written {
             Ok(f) => i.file = Some(f),

@@ -67,27 +67,44 @@ impl StateDir {
     ) -> Result<(), (PathBuf, std::io::Error)> {
         let Some(dir) = &self.dir else { return Ok(()) };
         let path = dir.join(format!("{name}.json"));
-        let tmp = dir.join(format!(".{name}.json.{}.tmp", std::process::id()));
-        let result = (|| -> std::io::Result<()> {
-            let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
-            {
-                use std::io::Write;
-                let mut f = std::fs::File::create(&tmp)?;
-                f.write_all(&bytes)?;
-                f.sync_all()?;
-            }
-            std::fs::rename(&tmp, &path)?;
-            // The rename is durable once the directory is.
-            if let Ok(d) = std::fs::File::open(dir) {
-                let _ = d.sync_all();
-            }
-            Ok(())
-        })();
-        result.map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            (path, e)
-        })
+        let result = serde_json::to_vec(value)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| {
+                write_atomically(&path, |f| {
+                    use std::io::Write;
+                    f.write_all(&bytes)
+                })
+            });
+        result.map_err(|e| (path, e))
     }
+}
+
+/// Replaces `path` in one step: `write` fills a temporary file beside it, which is synced and
+/// renamed over `path`, and the directory synced (the rename is durable once the directory
+/// is). On an error the temporary file is removed and `path` is as it was.
+pub fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            write(&mut f)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
 
 /// This boot's id (`/proc/sys/kernel/random/boot_id`), empty if unreadable.

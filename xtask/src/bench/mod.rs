@@ -36,12 +36,17 @@ const FULL_HISTORY: &str =
 /// the agent on `port`: what earlier runs left in the default one (its event history, read
 /// at start) would otherwise enter the figures.
 pub(crate) fn fresh_state(dir: &std::path::Path, port: u16) -> Result<String> {
-    let state = dir.join(format!("state-{port}"));
+    let state = state_dir(dir, port);
     if state.exists() {
         std::fs::remove_dir_all(&state).with_context(|| format!("emptying {}", state.display()))?;
     }
     std::fs::create_dir_all(&state)?;
     Ok(format!("state_dir = {:?}\n", state.display().to_string()))
+}
+
+/// The state directory of the agent on `port`.
+fn state_dir(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
+    dir.join(format!("state-{port}"))
 }
 
 /// Fills `state`'s event history to about `bytes` with XIDs of eight GPUs over 30 boots, a
@@ -326,7 +331,7 @@ fn junction_rows(
         let config = dir.join(format!("bench-{port}.toml"));
         let mut text = fresh_state(dir, port)?;
         if label == FULL_HISTORY {
-            fill_history(&dir.join(format!("state-{port}")), 4 << 20)?;
+            fill_history(&state_dir(dir, port), 4 << 20)?;
         }
         text.push_str(&sim_config(lib, &format!("127.0.0.1:{port}"), 1));
         if label != ALL_SOURCES {
