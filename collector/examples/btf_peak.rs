@@ -1,10 +1,14 @@
 //! What reading the kernel's BTF costs in resident memory at start-up, each way the eBPF
-//! source reads it: Junction's own offsets reader (`junction`) and aya's parse, which
-//! `EbpfLoader::new()` runs whether or not the object needs it (`aya`). Prints the peak RSS
-//! (`VmHWM`) before and after, and the RSS once the memory is freed and released. Each way in
-//! its own process, as the agent's allocator (jemalloc) would hold it.
+//! source could read it: Junction's own offsets reader (`junction`); aya's parse (`aya`),
+//! which aya 0.14's `EbpfLoader::new()` runs whether or not the object needs it (`loader`:
+//! that constructor on a thread of its own); and that constructor on the thread the eBPF
+//! source loads on, which Landlock keeps from reading the file (`confined`,
+//! `sources::ebpf::confine`). Prints the peak RSS (`VmHWM`) before and after, and the RSS
+//! once the memory is freed and released. Each way in its own process, as the agent's
+//! allocator (jemalloc) would hold it.
 //!
-//! Usage: `btf_peak junction|aya [FILE]` (FILE defaults to /sys/kernel/btf/vmlinux).
+//! Usage: `btf_peak junction|aya|loader|confined [FILE]` (FILE defaults to
+//! /sys/kernel/btf/vmlinux; `loader` and `confined` read that path, as aya does).
 
 use std::process::ExitCode;
 
@@ -29,7 +33,7 @@ fn main() -> ExitCode {
             .cloned()
             .unwrap_or_else(|| "/sys/kernel/btf/vmlinux".to_string()),
     ) else {
-        eprintln!("usage: btf_peak junction|aya [FILE]");
+        eprintln!("usage: btf_peak junction|aya|loader|confined [FILE]");
         return ExitCode::from(2);
     };
     let before = status_kib("VmHWM:");
@@ -45,8 +49,21 @@ fn main() -> ExitCode {
         "aya" => aya::Btf::parse_file(&file, aya::Endianness::default())
             .map(drop)
             .map_err(|e| e.to_string()),
+        "loader" => std::thread::scope(|s| s.spawn(|| drop(aya::EbpfLoader::new())).join())
+            .map_err(|_| "the thread panicked".to_string()),
+        "confined" => {
+            use junction::sources::ebpf::confine;
+            confine::run_without(std::path::Path::new(confine::KERNEL_BTF), || {
+                drop(aya::EbpfLoader::new())
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|((), confined)| match confined {
+                confine::Confined::Yes => Ok(()),
+                confine::Confined::No(why) => Err(format!("not confined: {why}")),
+            })
+        }
         _ => {
-            eprintln!("usage: btf_peak junction|aya [FILE]");
+            eprintln!("usage: btf_peak junction|aya|loader|confined [FILE]");
             return ExitCode::from(2);
         }
     };

@@ -7,8 +7,6 @@
 //! records (each kind's trailing data is skipped by its documented size,
 //! `Documentation/bpf/btf.rst`). Anonymous struct and union members are searched through.
 
-use std::collections::HashMap;
-
 use junction_common::Offsets;
 
 /// Why offsets could not be read.
@@ -41,28 +39,27 @@ const KIND_DECL_TAG: u32 = 17;
 const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
 
-#[derive(Debug, Clone)]
-struct Member {
-    name: u32,
-    ty: u32,
-    bit_offset: u32,
-}
-
-#[derive(Debug, Clone)]
+/// A type record's leading words.
 struct Type {
     name: u32,
     kind: u32,
+    /// Member count (struct, union).
+    vlen: usize,
+    kind_flag: bool,
     /// The referenced type (typedef, modifiers).
     ty: u32,
-    members: Vec<Member>,
+    /// Where its trailing data (the members) starts in the type section.
+    data: usize,
 }
 
-/// The parsed type section.
-pub struct Btf {
-    strings: Vec<u8>,
-    /// Index = type id (0 is `void`).
-    types: Vec<Type>,
-    structs: HashMap<String, u32>,
+/// The parsed type section: the blob itself, with where each type's record starts. Nothing
+/// is copied (vmlinux's BTF is about 5 MB and 130,000 types; a table of every type's members
+/// and names was three times the blob).
+pub struct Btf<'a> {
+    strings: &'a [u8],
+    types: &'a [u8],
+    /// Index = type id - 1 (0 is `void`): the record's offset in `types`.
+    at: Vec<u32>,
 }
 
 fn u32_at(b: &[u8], off: usize) -> Result<u32, BtfError> {
@@ -71,92 +68,81 @@ fn u32_at(b: &[u8], off: usize) -> Result<u32, BtfError> {
         .ok_or(BtfError::Format("truncated"))
 }
 
-impl Btf {
+impl<'a> Btf<'a> {
     /// Parses a little-endian BTF blob.
-    pub fn parse(b: &[u8]) -> Result<Self, BtfError> {
+    pub fn parse(b: &'a [u8]) -> Result<Self, BtfError> {
         if b.len() < 24 || b[0..2] != [0x9F, 0xEB] {
             return Err(BtfError::Format("bad magic (big-endian or not BTF)"));
         }
         let hdr_len = u32_at(b, 4)? as usize;
         let (type_off, type_len) = (u32_at(b, 8)? as usize, u32_at(b, 12)? as usize);
         let (str_off, str_len) = (u32_at(b, 16)? as usize, u32_at(b, 20)? as usize);
-        let types_bytes = b
+        let types = b
             .get(hdr_len + type_off..hdr_len + type_off + type_len)
             .ok_or(BtfError::Format("type section out of bounds"))?;
         let strings = b
             .get(hdr_len + str_off..hdr_len + str_off + str_len)
-            .ok_or(BtfError::Format("string section out of bounds"))?
-            .to_vec();
-        let mut types = vec![Type {
-            name: 0,
-            kind: 0,
-            ty: 0,
-            members: Vec::new(),
-        }];
+            .ok_or(BtfError::Format("string section out of bounds"))?;
+        let mut at = Vec::new();
         let mut off = 0;
-        while off < types_bytes.len() {
-            let name = u32_at(types_bytes, off)?;
-            let info = u32_at(types_bytes, off + 4)?;
-            let size_or_type = u32_at(types_bytes, off + 8)?;
-            off += 12;
-            let vlen = (info & 0xFFFF) as usize;
-            let kind = (info >> 24) & 0x1F;
-            let kind_flag = info >> 31 == 1;
-            let mut members = Vec::new();
-            let extra = match kind {
+        while off < types.len() {
+            let record = u32::try_from(off).map_err(|_| BtfError::Format("too large"))?;
+            let t = Self::record(types, off)?;
+            let extra = match t.kind {
                 KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
                 KIND_ARRAY => 12,
-                KIND_STRUCT | KIND_UNION => {
-                    for i in 0..vlen {
-                        let m = off + i * 12;
-                        let raw = u32_at(types_bytes, m + 8)?;
-                        members.push(Member {
-                            name: u32_at(types_bytes, m)?,
-                            ty: u32_at(types_bytes, m + 4)?,
-                            bit_offset: if kind_flag { raw & 0xFF_FFFF } else { raw },
-                        });
-                    }
-                    vlen * 12
-                }
-                KIND_ENUM | KIND_FUNC_PROTO => vlen * 8,
-                KIND_DATASEC | KIND_ENUM64 => vlen * 12,
+                KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => t.vlen * 12,
+                KIND_ENUM | KIND_FUNC_PROTO => t.vlen * 8,
                 2 | 7 | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | 12 | 16
                 | KIND_TYPE_TAG => 0,
                 k => return Err(BtfError::UnknownKind(k)),
             };
-            off += extra;
-            types.push(Type {
-                name,
-                kind,
-                ty: size_or_type,
-                members,
-            });
-        }
-        let mut btf = Self {
-            strings,
-            types,
-            structs: HashMap::new(),
-        };
-        for (id, t) in btf.types.iter().enumerate() {
-            // The first complete definition wins (a forward declaration has kind FWD).
-            if t.kind == KIND_STRUCT && t.name != 0 {
-                let name = btf.name(t.name).to_string();
-                btf.structs.entry(name).or_insert(id as u32);
+            off = t.data + extra;
+            if off > types.len() {
+                return Err(BtfError::Format("truncated"));
             }
+            at.push(record);
         }
-        Ok(btf)
+        Ok(Self { strings, types, at })
     }
 
-    fn name(&self, off: u32) -> &str {
+    /// The record at `off` in the type section.
+    fn record(types: &[u8], off: usize) -> Result<Type, BtfError> {
+        let info = u32_at(types, off + 4)?;
+        Ok(Type {
+            name: u32_at(types, off)?,
+            kind: (info >> 24) & 0x1F,
+            vlen: (info & 0xFFFF) as usize,
+            kind_flag: info >> 31 == 1,
+            ty: u32_at(types, off + 8)?,
+            data: off + 12,
+        })
+    }
+
+    /// Type `id` (`None`: `void` or out of range).
+    fn get(&self, id: u32) -> Option<Type> {
+        let off = *self.at.get((id as usize).checked_sub(1)?)?;
+        Self::record(self.types, off as usize).ok()
+    }
+
+    fn name(&self, off: u32) -> &'a str {
         let rest = self.strings.get(off as usize..).unwrap_or_default();
         let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
         std::str::from_utf8(&rest[..end]).unwrap_or("")
     }
 
+    /// The first complete definition of `struct name` (a forward declaration has kind FWD).
+    fn find_struct(&self, name: &str) -> Option<u32> {
+        (1..=self.at.len() as u32).find(|&id| {
+            self.get(id)
+                .is_some_and(|t| t.kind == KIND_STRUCT && t.name != 0 && self.name(t.name) == name)
+        })
+    }
+
     /// Follows typedefs and modifiers to the underlying type id.
     fn resolve(&self, mut id: u32) -> u32 {
         for _ in 0..32 {
-            match self.types.get(id as usize) {
+            match self.get(id) {
                 Some(t)
                     if matches!(
                         t.kind,
@@ -174,17 +160,24 @@ impl Btf {
     /// The bit offset of `field` in the struct or union `id`, looking inside anonymous
     /// members.
     fn member_bits(&self, id: u32, field: &str, depth: u32) -> Option<u32> {
-        let t = self.types.get(self.resolve(id) as usize)?;
+        let t = self.get(self.resolve(id))?;
         if depth > 8 || !matches!(t.kind, KIND_STRUCT | KIND_UNION) {
             return None;
         }
-        for m in &t.members {
-            if m.name == 0 {
-                if let Some(inner) = self.member_bits(m.ty, field, depth + 1) {
-                    return Some(m.bit_offset + inner);
+        for i in 0..t.vlen {
+            let m = t.data + i * 12;
+            let (name, ty, raw) = (
+                u32_at(self.types, m).ok()?,
+                u32_at(self.types, m + 4).ok()?,
+                u32_at(self.types, m + 8).ok()?,
+            );
+            let bit_offset = if t.kind_flag { raw & 0xFF_FFFF } else { raw };
+            if name == 0 {
+                if let Some(inner) = self.member_bits(ty, field, depth + 1) {
+                    return Some(bit_offset + inner);
                 }
-            } else if self.name(m.name) == field {
-                return Some(m.bit_offset);
+            } else if self.name(name) == field {
+                return Some(bit_offset);
             }
         }
         None
@@ -192,9 +185,8 @@ impl Btf {
 
     /// The byte offset of `strukt.field`.
     pub fn offset(&self, strukt: &str, field: &str) -> Result<u32, BtfError> {
-        let id = *self
-            .structs
-            .get(strukt)
+        let id = self
+            .find_struct(strukt)
             .ok_or_else(|| BtfError::Missing(format!("struct {strukt}")))?;
         let bits = self
             .member_bits(id, field, 0)
@@ -306,7 +298,8 @@ mod tests {
 
     #[test]
     fn offsets_through_anonymous_members() {
-        let btf = Btf::parse(&blob()).expect("parse");
+        let b = blob();
+        let btf = Btf::parse(&b).expect("parse");
         assert_eq!(btf.offset("inner", "a").ok(), Some(0));
         assert_eq!(btf.offset("inner", "i_rdev").ok(), Some(4));
         assert_eq!(btf.offset("inode", "y").ok(), Some(4));

@@ -11,6 +11,7 @@ use junction_common::{MAX_WATCHED, Offsets, global, program};
 
 use super::EbpfConfig;
 use super::btf::Btf;
+use super::confine;
 
 /// The BPF object built by `cargo xtask build-ebpf`, when this binary was built after it.
 #[cfg(junction_bpf)]
@@ -281,16 +282,25 @@ pub fn load(config: &EbpfConfig, params: &Params) -> Result<Loaded, LoadError> {
     }
 
     let words = offsets.to_words();
-    let mut loader = EbpfLoader::new();
-    loader
-        .override_global(global::SELF_TGID, &params.self_tgid, true)
-        .override_global(global::ONLY_TGID, &params.only_tgid, true)
-        .override_global(global::UVM_MAJOR, &uvm, true)
-        .override_global(global::CAPS_MAJOR, &caps, true)
-        .override_global(global::WATCHED, &watched, true)
-        .override_global(global::OFFSETS, &words, true)
-        .override_global(global::SLOW_NS, &params.slow_ns, true);
-    let mut bpf = loader.load(bytes).map_err(permission_or_kernel)?;
+    // aya's loader parses the kernel's BTF in its constructor; these programs do not need it
+    // (see `confine`), so it runs where that file cannot be read.
+    let (loaded, confined) = confine::run_without(Path::new(confine::KERNEL_BTF), || {
+        let mut loader = EbpfLoader::new();
+        loader
+            .override_global(global::SELF_TGID, &params.self_tgid, true)
+            .override_global(global::ONLY_TGID, &params.only_tgid, true)
+            .override_global(global::UVM_MAJOR, &uvm, true)
+            .override_global(global::CAPS_MAJOR, &caps, true)
+            .override_global(global::WATCHED, &watched, true)
+            .override_global(global::OFFSETS, &words, true)
+            .override_global(global::SLOW_NS, &params.slow_ns, true);
+        loader.load(bytes).map_err(permission_or_kernel)
+    })
+    .map_err(|e| LoadError::Kernel(format!("loading the BPF object: {e}")))?;
+    if let confine::Confined::No(why) = &confined {
+        tracing::debug!(%why, "aya's loader read the kernel's BTF");
+    }
+    let mut bpf = loaded?;
 
     let (targets, mut kprobe_note) = match config.attach.as_str() {
         "tracepoint" => (

@@ -13,6 +13,7 @@
 
 pub mod bench;
 pub mod btf;
+pub mod confine;
 mod drain;
 pub mod loader;
 pub mod tracker;
