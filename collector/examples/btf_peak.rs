@@ -38,12 +38,11 @@ fn main() -> ExitCode {
     };
     let before = status_kib("VmHWM:");
     let ok = match which.as_str() {
-        "junction" => std::fs::read(&file)
+        "junction" => std::fs::File::open(&file)
             .map_err(|e| e.to_string())
-            .and_then(|b| {
-                junction::sources::ebpf::btf::Btf::parse(&b)
-                    .and_then(|b| b.offsets())
-                    .map(|_| ())
+            .and_then(|f| {
+                junction::sources::ebpf::btf::offsets(f)
+                    .map(drop)
                     .map_err(|e| e.to_string())
             }),
         "aya" => aya::Btf::parse_file(&file, aya::Endianness::default())

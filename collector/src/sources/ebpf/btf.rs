@@ -2,10 +2,15 @@
 //!
 //! Rust BPF programs get no CO-RE relocations, so the offsets of the fields the programs walk
 //! (`task_struct.files`, `files_struct.fdt`, `fdtable.{max_fds,fd}`, `file.f_inode`,
-//! `inode.i_rdev`) are read from the running kernel's BTF at start-up and passed in as a
-//! global. Only what that needs is parsed: the header, the string section, and the type
-//! records (each kind's trailing data is skipped by its documented size,
-//! `Documentation/bpf/btf.rst`). Anonymous struct and union members are searched through.
+//! `inode.i_rdev`, `task_struct.{group_leader,comm}`) are read from the running kernel's BTF
+//! at start-up and passed in as a global. Only what that needs is read, and the blob is not
+//! held: the string section is scanned once for the names asked for, the type records once
+//! for where each starts (each kind's trailing data is skipped by its documented size,
+//! `Documentation/bpf/btf.rst`), and the few records a lookup needs are then read where they
+//! are. Anonymous struct and union members are searched through. vmlinux's BTF is about 5 MB
+//! and 130,000 types; this holds a table of 4 bytes a type and a 64 KiB buffer.
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 
 use junction_common::Offsets;
 
@@ -21,6 +26,9 @@ pub enum BtfError {
     /// A struct or field is not there.
     #[error("{0} not found in the kernel's BTF")]
     Missing(String),
+    /// The file could not be read.
+    #[error("reading it: {0}")]
+    Read(#[source] std::io::Error),
 }
 
 const KIND_INT: u32 = 1;
@@ -39,56 +47,154 @@ const KIND_DECL_TAG: u32 = 17;
 const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
 
+/// The fields the programs need, in [`Offsets`]' order.
+const FIELDS: [(&str, &str); 8] = [
+    ("task_struct", "files"),
+    ("files_struct", "fdt"),
+    ("fdtable", "max_fds"),
+    ("fdtable", "fd"),
+    ("file", "f_inode"),
+    ("inode", "i_rdev"),
+    ("task_struct", "group_leader"),
+    ("task_struct", "comm"),
+];
+
+/// The offsets the programs need, from a BTF blob.
+pub fn offsets(blob: impl Read + Seek) -> Result<Offsets, BtfError> {
+    let [
+        task_files,
+        files_fdt,
+        fdt_max_fds,
+        fdt_fd,
+        file_inode,
+        inode_rdev,
+        task_group_leader,
+        task_comm,
+    ] = field_offsets(blob, &FIELDS)?;
+    Ok(Offsets {
+        task_files,
+        files_fdt,
+        fdt_max_fds,
+        fdt_fd,
+        file_inode,
+        inode_rdev,
+        task_group_leader,
+        task_comm,
+        exit_group_dead: 0,
+        valid: 1,
+    })
+}
+
+/// The byte offset of each `(struct, field)` of `wanted` in a little-endian BTF blob.
+pub fn field_offsets<const N: usize>(
+    blob: impl Read + Seek,
+    wanted: &[(&str, &str); N],
+) -> Result<[u32; N], BtfError> {
+    let mut btf = Btf::open(blob, wanted)?;
+    let mut out = [0; N];
+    for (slot, (strukt, field)) in out.iter_mut().zip(wanted) {
+        *slot = btf.offset(strukt, field)?;
+    }
+    Ok(out)
+}
+
 /// A type record's leading words.
 struct Type {
     name: u32,
     kind: u32,
     /// Member count (struct, union).
-    vlen: usize,
+    vlen: u32,
     kind_flag: bool,
     /// The referenced type (typedef, modifiers).
     ty: u32,
-    /// Where its trailing data (the members) starts in the type section.
-    data: usize,
 }
 
-/// The parsed type section: the blob itself, with where each type's record starts. Nothing
-/// is copied (vmlinux's BTF is about 5 MB and 130,000 types; a table of every type's members
-/// and names was three times the blob).
-pub struct Btf<'a> {
-    strings: &'a [u8],
-    types: &'a [u8],
-    /// Index = type id - 1 (0 is `void`): the record's offset in `types`.
+/// The blob's layout, with what was found of the names asked for.
+struct Btf<'w, R> {
+    r: BufReader<R>,
+    /// Where the type section starts in the blob.
+    types: u64,
+    /// Index = type id - 1 (0 is `void`): the record's offset in the type section.
     at: Vec<u32>,
+    /// The names asked for (structs and fields), each with its offsets in the string section
+    /// (BTF's strings are deduplicated; a blob that repeats one is still read right).
+    names: Vec<(&'w str, Vec<u32>)>,
+    /// Each struct asked for: its first complete definition (a forward declaration has kind
+    /// FWD).
+    structs: Vec<(&'w str, u32)>,
 }
 
-fn u32_at(b: &[u8], off: usize) -> Result<u32, BtfError> {
-    b.get(off..off + 4)
-        .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-        .ok_or(BtfError::Format("truncated"))
+fn word(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i * 4], b[i * 4 + 1], b[i * 4 + 2], b[i * 4 + 3]])
 }
 
-impl<'a> Btf<'a> {
-    /// Parses a little-endian BTF blob.
-    pub fn parse(b: &'a [u8]) -> Result<Self, BtfError> {
-        if b.len() < 24 || b[0..2] != [0x9F, 0xEB] {
+fn cut_short(e: std::io::Error) -> BtfError {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        BtfError::Format("truncated")
+    } else {
+        BtfError::Read(e)
+    }
+}
+
+impl<'w, R: Read + Seek> Btf<'w, R> {
+    /// Reads the header, finds the names of `wanted` in the string section and where every
+    /// type record starts.
+    fn open(blob: R, wanted: &[(&'w str, &'w str)]) -> Result<Self, BtfError> {
+        let mut r = BufReader::with_capacity(64 * 1024, blob);
+        let mut hdr = [0u8; 24];
+        r.read_exact(&mut hdr).map_err(cut_short)?;
+        if hdr[0..2] != [0x9F, 0xEB] {
             return Err(BtfError::Format("bad magic (big-endian or not BTF)"));
         }
-        let hdr_len = u32_at(b, 4)? as usize;
-        let (type_off, type_len) = (u32_at(b, 8)? as usize, u32_at(b, 12)? as usize);
-        let (str_off, str_len) = (u32_at(b, 16)? as usize, u32_at(b, 20)? as usize);
-        let types = b
-            .get(hdr_len + type_off..hdr_len + type_off + type_len)
-            .ok_or(BtfError::Format("type section out of bounds"))?;
-        let strings = b
-            .get(hdr_len + str_off..hdr_len + str_off + str_len)
-            .ok_or(BtfError::Format("string section out of bounds"))?;
-        let mut at = Vec::new();
-        let mut off = 0;
-        while off < types.len() {
-            let record = u32::try_from(off).map_err(|_| BtfError::Format("too large"))?;
-            let t = Self::record(types, off)?;
-            let extra = match t.kind {
+        let hdr_len = u64::from(word(&hdr, 1));
+        let (type_off, type_len) = (u64::from(word(&hdr, 2)), u64::from(word(&hdr, 3)));
+        let (str_off, str_len) = (u64::from(word(&hdr, 4)), u64::from(word(&hdr, 5)));
+        if hdr_len < 24 {
+            return Err(BtfError::Format("header too short"));
+        }
+        let mut names: Vec<(&str, Vec<u32>)> = Vec::new();
+        for (s, f) in wanted {
+            for n in [*s, *f] {
+                if !names.iter().any(|(m, _)| *m == n) {
+                    names.push((n, Vec::new()));
+                }
+            }
+        }
+        // The string section, a NUL-terminated string after another.
+        r.seek(SeekFrom::Start(hdr_len + str_off))
+            .map_err(cut_short)?;
+        let mut strings = (&mut r).take(str_len);
+        let (mut at, mut s) = (0u64, Vec::new());
+        while at < str_len {
+            s.clear();
+            let n = strings.read_until(0, &mut s).map_err(cut_short)?;
+            if n == 0 {
+                return Err(BtfError::Format("string section out of bounds"));
+            }
+            let text = s.strip_suffix(&[0]).unwrap_or(&s);
+            if let Some((_, offs)) = names.iter_mut().find(|(m, _)| m.as_bytes() == text) {
+                offs.push(u32::try_from(at).map_err(|_| BtfError::Format("too large"))?);
+            }
+            at += n as u64;
+        }
+        // The type records.
+        let types = hdr_len + type_off;
+        r.seek(SeekFrom::Start(types)).map_err(cut_short)?;
+        let mut btf = Self {
+            r,
+            types,
+            at: Vec::new(),
+            names,
+            structs: Vec::new(),
+        };
+        let struct_names: Vec<(&str, Vec<u32>)> = wanted
+            .iter()
+            .map(|(s, _)| (*s, btf.offsets_of(s).to_vec()))
+            .collect();
+        let mut off = 0u64;
+        while off < type_len {
+            let t = btf.record_here()?;
+            let extra = u64::from(match t.kind {
                 KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
                 KIND_ARRAY => 12,
                 KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => t.vlen * 12,
@@ -96,53 +202,63 @@ impl<'a> Btf<'a> {
                 2 | 7 | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | 12 | 16
                 | KIND_TYPE_TAG => 0,
                 k => return Err(BtfError::UnknownKind(k)),
-            };
-            off = t.data + extra;
-            if off > types.len() {
-                return Err(BtfError::Format("truncated"));
+            });
+            btf.at
+                .push(u32::try_from(off).map_err(|_| BtfError::Format("too large"))?);
+            if t.kind == KIND_STRUCT && t.name != 0 {
+                let id = btf.at.len() as u32;
+                for (name, offs) in &struct_names {
+                    if offs.contains(&t.name) && !btf.structs.iter().any(|(n, _)| n == name) {
+                        btf.structs.push((name, id));
+                    }
+                }
             }
-            at.push(record);
+            off += 12 + extra;
+            if off > type_len {
+                return Err(BtfError::Format("type section out of bounds"));
+            }
+            btf.r.seek_relative(extra as i64).map_err(cut_short)?;
         }
-        Ok(Self { strings, types, at })
+        Ok(btf)
     }
 
-    /// The record at `off` in the type section.
-    fn record(types: &[u8], off: usize) -> Result<Type, BtfError> {
-        let info = u32_at(types, off + 4)?;
+    /// Where `name`, one of the names asked for, is in the string section.
+    fn offsets_of(&self, name: &str) -> &[u32] {
+        self.names
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(&[], |(_, offs)| offs.as_slice())
+    }
+
+    /// The record at the reader's position.
+    fn record_here(&mut self) -> Result<Type, BtfError> {
+        let mut b = [0u8; 12];
+        self.r.read_exact(&mut b).map_err(cut_short)?;
+        let info = word(&b, 1);
         Ok(Type {
-            name: u32_at(types, off)?,
+            name: word(&b, 0),
             kind: (info >> 24) & 0x1F,
-            vlen: (info & 0xFFFF) as usize,
+            vlen: info & 0xFFFF,
             kind_flag: info >> 31 == 1,
-            ty: u32_at(types, off + 8)?,
-            data: off + 12,
+            ty: word(&b, 2),
         })
     }
 
-    /// Type `id` (`None`: `void` or out of range).
-    fn get(&self, id: u32) -> Option<Type> {
-        let off = *self.at.get((id as usize).checked_sub(1)?)?;
-        Self::record(self.types, off as usize).ok()
-    }
-
-    fn name(&self, off: u32) -> &'a str {
-        let rest = self.strings.get(off as usize..).unwrap_or_default();
-        let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
-        std::str::from_utf8(&rest[..end]).unwrap_or("")
-    }
-
-    /// The first complete definition of `struct name` (a forward declaration has kind FWD).
-    fn find_struct(&self, name: &str) -> Option<u32> {
-        (1..=self.at.len() as u32).find(|&id| {
-            self.get(id)
-                .is_some_and(|t| t.kind == KIND_STRUCT && t.name != 0 && self.name(t.name) == name)
-        })
+    /// Type `id`, the reader left at its trailing data (`None`: `void` or out of range).
+    fn get(&mut self, id: u32) -> Result<Option<Type>, BtfError> {
+        let Some(&off) = (id as usize).checked_sub(1).and_then(|i| self.at.get(i)) else {
+            return Ok(None);
+        };
+        self.r
+            .seek(SeekFrom::Start(self.types + u64::from(off)))
+            .map_err(cut_short)?;
+        self.record_here().map(Some)
     }
 
     /// Follows typedefs and modifiers to the underlying type id.
-    fn resolve(&self, mut id: u32) -> u32 {
+    fn resolve(&mut self, mut id: u32) -> Result<u32, BtfError> {
         for _ in 0..32 {
-            match self.get(id) {
+            match self.get(id)? {
                 Some(t)
                     if matches!(
                         t.kind,
@@ -154,63 +270,51 @@ impl<'a> Btf<'a> {
                 _ => break,
             }
         }
-        id
+        Ok(id)
     }
 
     /// The bit offset of `field` in the struct or union `id`, looking inside anonymous
     /// members.
-    fn member_bits(&self, id: u32, field: &str, depth: u32) -> Option<u32> {
-        let t = self.get(self.resolve(id))?;
+    fn member_bits(&mut self, id: u32, field: &str, depth: u32) -> Result<Option<u32>, BtfError> {
+        let id = self.resolve(id)?;
+        let Some(t) = self.get(id)? else {
+            return Ok(None);
+        };
         if depth > 8 || !matches!(t.kind, KIND_STRUCT | KIND_UNION) {
-            return None;
+            return Ok(None);
         }
-        for i in 0..t.vlen {
-            let m = t.data + i * 12;
-            let (name, ty, raw) = (
-                u32_at(self.types, m).ok()?,
-                u32_at(self.types, m + 4).ok()?,
-                u32_at(self.types, m + 8).ok()?,
-            );
+        let mut members = vec![0u8; t.vlen as usize * 12];
+        self.r.read_exact(&mut members).map_err(cut_short)?;
+        let names = self.offsets_of(field).to_vec();
+        for m in members.chunks_exact(12) {
+            let (name, ty, raw) = (word(m, 0), word(m, 1), word(m, 2));
             let bit_offset = if t.kind_flag { raw & 0xFF_FFFF } else { raw };
             if name == 0 {
-                if let Some(inner) = self.member_bits(ty, field, depth + 1) {
-                    return Some(bit_offset + inner);
+                if let Some(inner) = self.member_bits(ty, field, depth + 1)? {
+                    return Ok(Some(bit_offset + inner));
                 }
-            } else if self.name(name) == field {
-                return Some(bit_offset);
+            } else if names.contains(&name) {
+                return Ok(Some(bit_offset));
             }
         }
-        None
+        Ok(None)
     }
 
     /// The byte offset of `strukt.field`.
-    pub fn offset(&self, strukt: &str, field: &str) -> Result<u32, BtfError> {
+    fn offset(&mut self, strukt: &str, field: &str) -> Result<u32, BtfError> {
         let id = self
-            .find_struct(strukt)
+            .structs
+            .iter()
+            .find(|(n, _)| *n == strukt)
+            .map(|(_, id)| *id)
             .ok_or_else(|| BtfError::Missing(format!("struct {strukt}")))?;
         let bits = self
-            .member_bits(id, field, 0)
+            .member_bits(id, field, 0)?
             .ok_or_else(|| BtfError::Missing(format!("{strukt}.{field}")))?;
         if bits % 8 != 0 {
             return Err(BtfError::Missing(format!("{strukt}.{field} (a bitfield)")));
         }
         Ok(bits / 8)
-    }
-
-    /// The offsets the programs need.
-    pub fn offsets(&self) -> Result<Offsets, BtfError> {
-        Ok(Offsets {
-            task_files: self.offset("task_struct", "files")?,
-            files_fdt: self.offset("files_struct", "fdt")?,
-            fdt_max_fds: self.offset("fdtable", "max_fds")?,
-            fdt_fd: self.offset("fdtable", "fd")?,
-            file_inode: self.offset("file", "f_inode")?,
-            inode_rdev: self.offset("inode", "i_rdev")?,
-            task_group_leader: self.offset("task_struct", "group_leader")?,
-            task_comm: self.offset("task_struct", "comm")?,
-            exit_group_dead: 0,
-            valid: 1,
-        })
     }
 }
 
@@ -296,35 +400,52 @@ mod tests {
         b
     }
 
+    fn read<const N: usize>(b: &[u8], wanted: &[(&str, &str); N]) -> Result<[u32; N], BtfError> {
+        field_offsets(std::io::Cursor::new(b), wanted)
+    }
+
     #[test]
     fn offsets_through_anonymous_members() {
         let b = blob();
-        let btf = Btf::parse(&b).expect("parse");
-        assert_eq!(btf.offset("inner", "a").ok(), Some(0));
-        assert_eq!(btf.offset("inner", "i_rdev").ok(), Some(4));
-        assert_eq!(btf.offset("inode", "y").ok(), Some(4));
+        let got = read(&b, &[("inner", "a"), ("inner", "i_rdev"), ("inode", "y")]);
+        assert_eq!(got.ok(), Some([0, 4, 4]));
         assert!(matches!(
-            btf.offset("inode", "zz"),
-            Err(BtfError::Missing(_))
+            read(&b, &[("inode", "zz")]),
+            Err(BtfError::Missing(m)) if m == "inode.zz"
         ));
         assert!(matches!(
-            btf.offset("file", "f_inode"),
-            Err(BtfError::Missing(_))
+            read(&b, &[("file", "f_inode")]),
+            Err(BtfError::Missing(m)) if m == "struct file"
+        ));
+        // A field of another struct is not this one's.
+        assert!(matches!(
+            read(&b, &[("inner", "x")]),
+            Err(BtfError::Missing(m)) if m == "inner.x"
         ));
     }
 
     #[test]
-    fn garbage_is_an_error() {
-        assert!(Btf::parse(b"hello world, not btf at all").is_err());
-        let mut b = blob();
-        b.truncate(40);
-        assert!(Btf::parse(&b).is_err());
+    fn garbage_and_every_cut_are_errors() {
+        assert!(matches!(
+            read(b"hello world, not btf at all", &[("inode", "y")]),
+            Err(BtfError::Format(_))
+        ));
+        let b = blob();
+        for n in 0..b.len() {
+            assert!(
+                read(&b[..n], &[("inode", "y")]).is_err(),
+                "cut at {n} of {}",
+                b.len()
+            );
+        }
     }
 
     #[test]
     fn this_kernel() {
-        // Where the kernel has BTF: the offsets are sane (non-zero where they cannot be 0).
-        let Ok(bytes) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+        // Where the kernel has BTF: the offsets are sane (non-zero where they cannot be 0;
+        // `struct fdtable` has begun `unsigned int max_fds; struct file __rcu **fd;` since
+        // Linux 2.6.14).
+        let Ok(file) = std::fs::File::open("/sys/kernel/btf/vmlinux") else {
             assert!(
                 std::env::var_os("CI").is_none(),
                 "no /sys/kernel/btf/vmlinux (CI runs the eBPF tests, which need it)"
@@ -332,9 +453,8 @@ mod tests {
             eprintln!("SKIPPED: no /sys/kernel/btf/vmlinux");
             return;
         };
-        let o = Btf::parse(&bytes)
-            .and_then(|b| b.offsets())
-            .expect("offsets");
+        let o = offsets(file).expect("offsets");
+        assert_eq!((o.fdt_max_fds, o.fdt_fd), (0, 8), "{o:?}");
         assert!(
             o.task_files > 0 && o.file_inode > 0 && o.inode_rdev > 0,
             "{o:?}"

@@ -10,7 +10,7 @@ use aya::{Ebpf, EbpfLoader};
 use junction_common::{MAX_WATCHED, Offsets, global, program};
 
 use super::EbpfConfig;
-use super::btf::Btf;
+use super::btf;
 use super::confine;
 
 /// The BPF object built by `cargo xtask build-ebpf`, when this binary was built after it.
@@ -240,13 +240,9 @@ pub struct Params {
 pub fn load(config: &EbpfConfig, params: &Params) -> Result<Loaded, LoadError> {
     let bytes = object().ok_or(LoadError::NotBuilt)?;
     let btf_path = "/sys/kernel/btf/vmlinux";
-    let mut offsets: Offsets = std::fs::read(btf_path)
+    let mut offsets: Offsets = std::fs::File::open(btf_path)
         .map_err(|e| e.to_string())
-        .and_then(|b| {
-            Btf::parse(&b)
-                .and_then(|b| b.offsets())
-                .map_err(|e| e.to_string())
-        })
+        .and_then(|f| btf::offsets(f).map_err(|e| e.to_string()))
         .map_err(|why| LoadError::Btf {
             path: btf_path.into(),
             why,
