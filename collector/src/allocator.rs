@@ -192,9 +192,10 @@ pub async fn release_periodically(
     model: std::sync::Arc<crate::model::Model>,
     stop: crate::shutdown::Shutdown,
 ) {
-    // What start-up freed goes back now, not at the first period: the kernel BTF that eBPF's
-    // loading parses twice (tens of MiB on a 6 MB BTF, freed before this point) otherwise
-    // stayed resident for half a minute.
+    // What start-up freed goes back now, not at the first period: what the sources' start
+    // allocated and let go of (the kernel BTF that eBPF's loading parsed, tens of MiB, before
+    // it was read a record at a time and kept from aya's loader) otherwise stays resident for
+    // half a minute.
     release();
     publish_heap(&model);
     while stop
