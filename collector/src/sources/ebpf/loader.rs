@@ -61,6 +61,8 @@ pub struct Loaded {
     pub watched: Vec<(u32, String)>,
     /// Why the kprobe path is not used, when it is not.
     pub kprobe_note: Option<String>,
+    /// Whether aya's loader was kept from parsing the kernel's BTF.
+    pub confined: confine::Confined,
 }
 
 /// Why BPF is off, with the fix.
@@ -294,7 +296,7 @@ pub fn load(config: &EbpfConfig, params: &Params) -> Result<Loaded, LoadError> {
     })
     .map_err(|e| LoadError::Kernel(format!("loading the BPF object: {e}")))?;
     if let confine::Confined::No(why) = &confined {
-        tracing::debug!(%why, "aya's loader read the kernel's BTF");
+        tracing::debug!(%why, "aya's loader parsed the kernel's BTF");
     }
     let mut bpf = loaded?;
 
@@ -359,6 +361,7 @@ pub fn load(config: &EbpfConfig, params: &Params) -> Result<Loaded, LoadError> {
         watched: watched_paths,
         kprobe_note,
         skipped,
+        confined,
     })
 }
 

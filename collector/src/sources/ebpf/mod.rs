@@ -150,6 +150,12 @@ fn describe(loaded: &loader::Loaded) -> Vec<String> {
     if let Some(why) = &loaded.kprobe_note {
         lines.push(format!("kprobe path not used: {why}"));
     }
+    lines.push(match &loaded.confined {
+        confine::Confined::Yes => {
+            "loader: kept from the kernel's BTF by Landlock (the offsets read beforehand)".into()
+        }
+        confine::Confined::No(why) => format!("loader: parsed the kernel's BTF ({why})"),
+    });
     lines
 }
 
