@@ -187,10 +187,6 @@ impl<'w, R: Read + Seek> Btf<'w, R> {
             names,
             structs: Vec::new(),
         };
-        let struct_names: Vec<(&str, Vec<u32>)> = wanted
-            .iter()
-            .map(|(s, _)| (*s, btf.offsets_of(s).to_vec()))
-            .collect();
         let mut off = 0u64;
         while off < type_len {
             let t = btf.record_here()?;
@@ -207,8 +203,11 @@ impl<'w, R: Read + Seek> Btf<'w, R> {
                 .push(u32::try_from(off).map_err(|_| BtfError::Format("too large"))?);
             if t.kind == KIND_STRUCT && t.name != 0 {
                 let id = btf.at.len() as u32;
-                for (name, offs) in &struct_names {
-                    if offs.contains(&t.name) && !btf.structs.iter().any(|(n, _)| n == name) {
+                for (name, offs) in &btf.names {
+                    if offs.contains(&t.name)
+                        && wanted.iter().any(|(s, _)| s == name)
+                        && !btf.structs.iter().any(|(n, _)| n == name)
+                    {
                         btf.structs.push((name, id));
                     }
                 }

@@ -74,18 +74,14 @@ fn deny_reads_beneath(hidden: &Path) -> Result<bool, String> {
     Ok(status.ruleset != RulesetStatus::NotEnforced)
 }
 
-/// The siblings of `path` and of each of its ancestors (for `/sys/kernel/btf`: `/`'s entries
-/// but `sys`, `/sys`'s but `kernel`, `/sys/kernel`'s but `btf`): the hierarchies that cover
-/// the file system except `path`. An ancestor that cannot be listed is an error.
+/// The siblings of the absolute `path` and of each of its ancestors (for `/sys/kernel/btf`:
+/// `/`'s entries but `sys`, `/sys`'s but `kernel`, `/sys/kernel`'s but `btf`): the
+/// hierarchies that cover the file system except `path`. An ancestor that cannot be listed is
+/// an error.
 pub fn siblings_along(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let mut child = path;
     while let Some(parent) = child.parent() {
-        let parent = if parent.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            parent
-        };
         for entry in std::fs::read_dir(parent)? {
             let entry = entry?;
             if Some(entry.file_name().as_os_str()) != child.file_name() {
@@ -93,9 +89,6 @@ pub fn siblings_along(path: &Path) -> std::io::Result<Vec<PathBuf>> {
             }
         }
         child = parent;
-        if child == Path::new("/") || child == Path::new(".") {
-            break;
-        }
     }
     out.sort();
     Ok(out)
