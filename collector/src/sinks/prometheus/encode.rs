@@ -342,7 +342,9 @@ fn write_value(out: &mut String, v: f64) {
         out.push_str("NaN");
     } else if v.is_infinite() {
         out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
-    } else if v.fract() == 0.0 && v.abs() < 9.007_199_254_740_992e15 {
+    } else if v.abs() < 9.007_199_254_740_992e15 && (v as i64) as f64 == v {
+        // A whole number (the test is two conversions: `fract` is a call into libm here,
+        // once for each of a scrape's thousands of values).
         out.push_str(itoa::Buffer::new().format(v as i64));
     } else if v.abs() < 1e-4 || v.abs() >= 1e21 {
         // Shortest round-trip digits with an exponent, as Go's strconv 'g' writes them; `{}`
@@ -375,6 +377,11 @@ mod tests {
         assert_eq!(w(65_498_251_264.0), "65498251264");
         assert_eq!(w(1.5e25), "1.5e25");
         assert_eq!(w(f64::NAN), "NaN");
+        assert_eq!(w(-0.0), "0");
+        assert_eq!(w(-42.0), "-42");
+        assert_eq!(w(-42.5), "-42.5");
+        assert_eq!(w(9_007_199_254_740_991.0), "9007199254740991");
+        assert_eq!(w(9_007_199_254_740_992.0), "9007199254740992");
         for v in [3.8e-322, 0.1 + 0.2, 1e-7, 123.456] {
             assert_eq!(w(v).parse::<f64>().ok(), Some(v), "round trip of {v}");
         }

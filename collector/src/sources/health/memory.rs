@@ -52,21 +52,12 @@ pub fn summary(slot: &GpuSlot) -> Option<String> {
 }
 
 /// Appends the GPU's figures to the history where they differ from its last entry there
-/// (`last`: what this evaluator last saw or wrote; looked up in `history` the first time).
-pub fn remember(
-    model: &Model,
-    uuid: &str,
-    slot: &GpuSlot,
-    history: &[Entry],
-    last: &mut Option<String>,
-) {
+/// (`last`: what this evaluator last saw or wrote; looked up in the history the first time,
+/// and let go before the append: an append while a reader holds the entries copies them).
+pub fn remember(model: &Model, uuid: &str, slot: &GpuSlot, last: &mut Option<String>) {
     let Some(now) = summary(slot) else { return };
     if last.is_none() {
-        *last = history
-            .iter()
-            .rev()
-            .find(|e| e.kind == "memory" && e.id == uuid)
-            .map(|e| e.code.to_string());
+        *last = last_entry(&model.history.entries(), uuid);
     }
     if last.as_deref() != Some(now.as_str()) {
         let detail = match last.as_deref() {
@@ -76,4 +67,13 @@ pub fn remember(
         model.remember(uuid, "memory", now.clone(), &detail);
         *last = Some(now);
     }
+}
+
+/// The figures of the GPU's last memory entry in `history`.
+fn last_entry(history: &[Entry], uuid: &str) -> Option<String> {
+    history
+        .iter()
+        .rev()
+        .find(|e| e.kind == "memory" && e.id == uuid)
+        .map(|e| e.code.to_string())
 }

@@ -215,18 +215,22 @@ impl Evaluator {
             reboots: self.cfg.reboots_count.max(2),
             reboots_window_secs: self.cfg.reboots_window_secs as f64,
         };
-        let history = model.history.entries();
-        let escalated = escalation::escalations(&history, unix, &params);
-        for (reason, detail) in escalation::node_escalations(&history, unix, &params) {
-            tracing::debug!(reason, detail, "node reason from the history");
-            out.push(Sample::new(Metric::NodeReason, 1.0).with("node.health.reason", reason));
-        }
+        // The history is let go before anything is appended to it (a memory change, a
+        // transition): an append while a reader holds the entries copies them all.
+        let escalated = {
+            let history = model.history.entries();
+            for (reason, detail) in escalation::node_escalations(&history, unix, &params) {
+                tracing::debug!(reason, detail, "node reason from the history");
+                out.push(Sample::new(Metric::NodeReason, 1.0).with("node.health.reason", reason));
+            }
+            escalation::escalations(&history, unix, &params)
+        };
         let drifted = self.drift.evaluate(model, &self.expect, &mut out);
         let hold = Duration::from_secs(self.cfg.clear_after_secs);
         for slot in model.snapshot() {
             let uuid = slot.info.uuid.clone();
             let st = self.gpus.entry(uuid.clone()).or_default();
-            memory::remember(model, &uuid, &slot, &history, &mut st.memory);
+            memory::remember(model, &uuid, &slot, &mut st.memory);
             let rates = st.rates(&slot, now, &xid_counts, hold);
             if !rates.unreadable.is_empty() {
                 HealthInputUnreadable {
@@ -535,6 +539,31 @@ async fn run(config: Arc<Config>, ctx: Ctx) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_evaluation_appends_to_the_history_without_copying_it() {
+        use crate::model::{GpuInfo, Group, lock};
+        let model = Model::new();
+        for _ in 0..100 {
+            model.remember("GPU-0", "xid", "13", "an earlier XID");
+        }
+        let slot = model.add_gpu(GpuInfo {
+            uuid: "GPU-1".into(),
+            ..Default::default()
+        });
+        lock(&slot).groups[Group::Errors.index()] = std::sync::Arc::new(vec![
+            Sample::new(Metric::RemappedRows, 2.0).with("gpu.remap.type", "correctable"),
+        ]);
+        let before = std::sync::Arc::as_ptr(&model.history.entries());
+        Evaluator::new(HealthConfig::default(), drift::ExpectConfig::default()).evaluate(&model);
+        let after = model.history.entries();
+        assert!(
+            after.iter().any(|e| e.kind == "memory" && e.id == "GPU-1"),
+            "the GPU's memory repairs were appended"
+        );
+        // Appended while no reader held the entries: in place, not into a copy of them all.
+        assert_eq!(std::sync::Arc::as_ptr(&after), before);
+    }
 
     #[test]
     fn the_ecc_rate_compares_the_hours_from_a_reading_a_minute() {

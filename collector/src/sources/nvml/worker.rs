@@ -130,7 +130,7 @@ impl<'n> Ctx<'n> {
         }
         match r {
             Ok(v) => {
-                if self.reprobing.remove(&feature) {
+                if !self.reprobing.is_empty() && self.reprobing.remove(&feature) {
                     tracing::info!(gpu = %self.uuid, feature = %feature, "NVML feature available again");
                 }
                 Ok(Some(v))

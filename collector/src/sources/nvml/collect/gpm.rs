@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
+use nvml_wrapper::gpm::GpmSample;
+
+use super::raw::{self, GpmRequest};
 
 use crate::model::{Metric, Sample};
 use crate::sources::nvml::worker::{Ctx, Halt};
@@ -19,6 +21,8 @@ pub struct GpmState<'n> {
     prev: Option<GpmSample<'n>>,
     /// Per MIG GPU instance id.
     mig_prev: BTreeMap<u32, GpmSample<'n>>,
+    /// The metrics request, kept from one call to the next (taken out while in use).
+    request: Option<GpmRequest>,
 }
 
 /// A GPM metric: its id, where it goes, an attribute, and the factor to the registry unit.
@@ -113,9 +117,14 @@ pub(super) fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> 
     if let Some(next) = ctx.call("gpm", |d| d.gpm_sample())? {
         let nvml = ctx.nvml;
         let results = match ctx.gpm.prev.take() {
-            Some(prev) => ctx.call("gpm", |_| {
-                gpm_metrics_get(nvml, &prev, &next, &metric_ids())
-            })?,
+            Some(prev) => {
+                let mut request = ctx.gpm.request.take().unwrap_or_default();
+                let r = ctx.call("gpm", |_| {
+                    raw::gpm_metrics(nvml, &mut request, (&prev, &next), &metric_ids())
+                });
+                ctx.gpm.request = Some(request);
+                r?
+            }
             None => None,
         };
         ctx.gpm.prev = Some(next);
@@ -138,9 +147,14 @@ fn mig_instances(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
         };
         let nvml = ctx.nvml;
         let results = match ctx.gpm.mig_prev.remove(&gi) {
-            Some(prev) => ctx.call("gpm_mig", |_| {
-                gpm_metrics_get(nvml, &prev, &next, &metric_ids())
-            })?,
+            Some(prev) => {
+                let mut request = ctx.gpm.request.take().unwrap_or_default();
+                let r = ctx.call("gpm_mig", |_| {
+                    raw::gpm_metrics(nvml, &mut request, (&prev, &next), &metric_ids())
+                });
+                ctx.gpm.request = Some(request);
+                r?
+            }
             None => None,
         };
         ctx.gpm.mig_prev.insert(gi, next);
@@ -152,23 +166,24 @@ fn mig_instances(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
     Ok(())
 }
 
-fn metric_ids() -> Vec<GpmMetricId> {
-    GPM_METRICS.iter().map(|m| m.0).collect()
+/// The ids of [`GPM_METRICS`], in order.
+fn metric_ids() -> [std::os::raw::c_uint; GPM_METRICS.len()] {
+    std::array::from_fn(|i| GPM_METRICS[i].0.as_c())
 }
 
 /// Converts `nvmlGpmMetricsGet` results into samples, `tag`ging each.
 fn push_metrics(
     ctx: &mut Ctx<'_>,
-    results: Option<Vec<Result<nvml_wrapper::struct_wrappers::gpm::GpmMetricResult, NvmlError>>>,
+    results: Option<impl IntoIterator<Item = Result<f64, NvmlError>>>,
     out: &mut Vec<Sample>,
     tag: impl Fn(Sample) -> Sample,
 ) -> Result<(), Halt> {
     for (r, (_, metric, attr, scale)) in results.into_iter().flatten().zip(GPM_METRICS) {
         match r {
             // NaN happens (DCGM blanks such values): no reading, not a NaN series.
-            Ok(v) if !v.value.is_finite() => {}
+            Ok(v) if !v.is_finite() => {}
             Ok(v) => {
-                let mut s = Sample::new(*metric, v.value * scale);
+                let mut s = Sample::new(*metric, v * scale);
                 if let Some((k, val)) = attr {
                     s = s.with(k, *val);
                 }

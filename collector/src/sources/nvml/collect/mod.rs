@@ -128,7 +128,7 @@ pub(super) fn fields(
     ctx: &mut Ctx<'_>,
     feature: &'static str,
     requests: &[FieldRequest],
-) -> Result<Vec<Option<f64>>, Halt> {
+) -> Result<smallvec::SmallVec<[Option<f64>; 8]>, Halt> {
     // A lone field is the feature itself; in a batch, each field is a feature of its own.
     let key = |r: &FieldRequest| {
         if requests.len() == 1 {
@@ -137,12 +137,12 @@ pub(super) fn fields(
             Feature::at(feature, r.id)
         }
     };
-    let wanted: Vec<FieldRequest> = requests
+    let wanted: smallvec::SmallVec<[FieldRequest; 8]> = requests
         .iter()
         .copied()
         .filter(|r| !ctx.is_disabled(key(r)))
         .collect();
-    let mut out = vec![None; requests.len()];
+    let mut out = smallvec::smallvec![None; requests.len()];
     if wanted.is_empty() {
         return Ok(out);
     }

@@ -4,8 +4,12 @@
 use std::os::raw::{c_uint, c_ulonglong};
 
 use nvml_wrapper::error::{NvmlError, nvml_try};
+use nvml_wrapper::gpm::GpmSample;
 use nvml_wrapper::{Device, FieldIdScheme, Nvml};
-use nvml_wrapper_sys::bindings::{nvmlFieldValue_t, nvmlMemory_t, nvmlTemperature_v1_t};
+use nvml_wrapper_sys::bindings::{
+    NVML_GPM_METRICS_GET_VERSION, nvmlFieldValue_t, nvmlGpmMetricsGet_t, nvmlMemory_t,
+    nvmlTemperature_v1_t,
+};
 
 /// A symbol of the loaded library, or the error a missing one gives.
 fn sym<T: Copy>(s: &Result<T, impl std::fmt::Display>) -> Result<T, NvmlError> {
@@ -269,6 +273,63 @@ pub fn field_values(
                 }
             })
         })
+        .collect())
+}
+
+/// The request `nvmlGpmMetricsGet` fills, kept by a GPU's thread from one call to the next:
+/// 8 KiB (room for every metric the header knows), of which a call writes and reads only the
+/// few it asks for. `nvml-wrapper`'s call zeroes it whole and copies each metric's three
+/// names into strings of its own, forty allocations a call that are thrown away.
+pub struct GpmRequest(Box<nvmlGpmMetricsGet_t>);
+
+impl Default for GpmRequest {
+    fn default() -> Self {
+        // Allocated zeroed rather than built on the stack and moved.
+        let layout = std::alloc::Layout::new::<nvmlGpmMetricsGet_t>();
+        // SAFETY: the layout is the struct's (not zero-sized); the struct is plain data
+        // (integers, a float, pointers the driver writes), for which all-zero is a valid
+        // value, and the pointer comes from the global allocator with that layout.
+        unsafe {
+            let p = std::alloc::alloc_zeroed(layout).cast::<nvmlGpmMetricsGet_t>();
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Self(Box::from_raw(p))
+        }
+    }
+}
+
+/// `nvmlGpmMetricsGet` between two samples of one GPU (or GPU instance): one value per id
+/// of `ids`, in order, `Err` where the driver failed that metric.
+pub fn gpm_metrics(
+    nvml: &Nvml,
+    request: &mut GpmRequest,
+    samples: (&GpmSample<'_>, &GpmSample<'_>),
+    ids: &[c_uint],
+) -> Result<smallvec::SmallVec<[Result<f64, NvmlError>; 16]>, NvmlError> {
+    let f = sym(&nvml.lib().nvmlGpmMetricsGet)?;
+    let r = &mut *request.0;
+    if ids.len() > r.metrics.len() {
+        return Err(NvmlError::InvalidArg);
+    }
+    r.version = NVML_GPM_METRICS_GET_VERSION;
+    r.numMetrics = ids.len() as c_uint;
+    // SAFETY: handles of live samples, which the caller holds for the call.
+    (r.sample1, r.sample2) = unsafe { (samples.0.handle(), samples.1.handle()) };
+    for (m, id) in r.metrics.iter_mut().zip(ids) {
+        m.metricId = *id;
+        m.nvmlReturn = 0;
+        m.value = 0.0;
+        m.metricInfo.shortName = std::ptr::null_mut();
+        m.metricInfo.longName = std::ptr::null_mut();
+        m.metricInfo.unit = std::ptr::null_mut();
+    }
+    // SAFETY: a versioned request of the size this header gives, with `numMetrics` entries
+    // set; the driver writes those entries' results.
+    nvml_try(unsafe { f(r) })?;
+    Ok(r.metrics[..ids.len()]
+        .iter()
+        .map(|m| nvml_try(m.nvmlReturn).map(|()| m.value))
         .collect())
 }
 
