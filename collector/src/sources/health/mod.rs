@@ -70,7 +70,8 @@ config_section! {
         /// See `reboots_count` (a week).
         pub reboots_window_secs: u64 = 604800,
         /// The event history (`history.jsonl` in the state directory) keeps at most this
-        /// many bytes: past them the oldest half is dropped. At least 65536.
+        /// many bytes: past them the oldest half is dropped. At start only the file's last
+        /// this many bytes are read (a file grown past it costs no more). At least 65536.
         pub history_max_bytes: u64 = 4194304,
         /// … and nothing older than this many seconds (14 days).
         pub history_max_age_secs: u64 = 1209600,
