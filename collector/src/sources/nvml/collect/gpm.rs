@@ -115,16 +115,8 @@ pub(super) fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> 
         std::thread::sleep(FIRST_SAMPLE_GAP);
     }
     if let Some(next) = ctx.call("gpm", |d| d.gpm_sample())? {
-        let nvml = ctx.nvml;
         let results = match ctx.gpm.prev.take() {
-            Some(prev) => {
-                let mut request = ctx.gpm.request.take().unwrap_or_default();
-                let r = ctx.call("gpm", |_| {
-                    raw::gpm_metrics(nvml, &mut request, (&prev, &next), &metric_ids())
-                });
-                ctx.gpm.request = Some(request);
-                r?
-            }
+            Some(prev) => metrics(ctx, "gpm", (&prev, &next))?,
             None => None,
         };
         ctx.gpm.prev = Some(next);
@@ -145,16 +137,8 @@ fn mig_instances(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
         let Some(next) = ctx.call("gpm_mig", |d| d.gpm_mig_sample(gi))? else {
             continue;
         };
-        let nvml = ctx.nvml;
         let results = match ctx.gpm.mig_prev.remove(&gi) {
-            Some(prev) => {
-                let mut request = ctx.gpm.request.take().unwrap_or_default();
-                let r = ctx.call("gpm_mig", |_| {
-                    raw::gpm_metrics(nvml, &mut request, (&prev, &next), &metric_ids())
-                });
-                ctx.gpm.request = Some(request);
-                r?
-            }
+            Some(prev) => metrics(ctx, "gpm_mig", (&prev, &next))?,
             None => None,
         };
         ctx.gpm.mig_prev.insert(gi, next);
@@ -164,6 +148,22 @@ fn mig_instances(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
         })?;
     }
     Ok(())
+}
+
+/// The metrics of [`GPM_METRICS`] between two samples, under `feature`, through the request
+/// the GPU's thread keeps.
+fn metrics(
+    ctx: &mut Ctx<'_>,
+    feature: &'static str,
+    samples: (&GpmSample<'_>, &GpmSample<'_>),
+) -> Result<Option<raw::GpmValues>, Halt> {
+    let nvml = ctx.nvml;
+    let mut request = ctx.gpm.request.take().unwrap_or_default();
+    let r = ctx.call(feature, |_| {
+        raw::gpm_metrics(nvml, &mut request, samples, &metric_ids())
+    });
+    ctx.gpm.request = Some(request);
+    r
 }
 
 /// The ids of [`GPM_METRICS`], in order.

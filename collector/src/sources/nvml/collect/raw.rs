@@ -299,6 +299,9 @@ impl Default for GpmRequest {
     }
 }
 
+/// One GPM metric's value per id asked for, or the driver's error for it.
+pub type GpmValues = smallvec::SmallVec<[Result<f64, NvmlError>; 16]>;
+
 /// `nvmlGpmMetricsGet` between two samples of one GPU (or GPU instance): one value per id
 /// of `ids`, in order, `Err` where the driver failed that metric.
 pub fn gpm_metrics(
@@ -306,7 +309,7 @@ pub fn gpm_metrics(
     request: &mut GpmRequest,
     samples: (&GpmSample<'_>, &GpmSample<'_>),
     ids: &[c_uint],
-) -> Result<smallvec::SmallVec<[Result<f64, NvmlError>; 16]>, NvmlError> {
+) -> Result<GpmValues, NvmlError> {
     let f = sym(&nvml.lib().nvmlGpmMetricsGet)?;
     let r = &mut *request.0;
     if ids.len() > r.metrics.len() {
