@@ -424,7 +424,8 @@ mod tests {
             write_value(&mut s, v);
             assert_eq!(s.parse::<f64>().ok(), Some(v), "{s} for {v:e}");
             assert!(
-                s.bytes().all(|b| b.is_ascii_digit() || b == b'.' || b == b'-'),
+                s.bytes()
+                    .all(|b| b.is_ascii_digit() || b == b'.' || b == b'-'),
                 "{s} for {v:e}"
             );
             assert!(s.len() <= format!("{v}").len(), "{s} for {v:e}");

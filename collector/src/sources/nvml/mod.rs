@@ -14,6 +14,7 @@
 //! falls off the bus or needs a reset is reported failed and probed with backoff.
 
 mod collect;
+mod disabled;
 mod events;
 mod report;
 mod worker;

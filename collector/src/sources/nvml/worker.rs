@@ -12,6 +12,7 @@ use nvml_wrapper::{Device, Nvml};
 
 use super::NvmlConfig;
 use super::collect::{self, GpmState, MigDevice, V3Layout};
+use super::disabled::{Disabled, Retry};
 use super::report;
 use crate::internal_events::{InternalEvent, NvmlCallFailed, NvmlImplausible};
 use crate::model::health::{Action, Code};
@@ -57,15 +58,6 @@ impl Halt {
     }
 }
 
-/// Whether a disabled feature is tried again when the GPU's configuration changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Retry {
-    /// NOT_SUPPORTED: may change with MIG mode or after a GPU reset.
-    Reprobe,
-    /// The symbol is not in this driver's library: never, until the agent is restarted.
-    Never,
-}
-
 /// What a worker needs while collecting.
 pub struct Ctx<'n> {
     pub nvml: &'n Nvml,
@@ -92,8 +84,8 @@ pub struct Ctx<'n> {
     /// How this driver lays out `_v3` process entries when the written bytes do not say.
     pub layout: V3Layout,
     /// Features disabled on this GPU (mirrors the slot's map without taking its lock;
-    /// looked up on every NVML call, so hashed rather than ordered by name).
-    disabled: foldhash::HashMap<Feature, Retry>,
+    /// looked up before every NVML call).
+    disabled: Disabled,
     /// Features being tried again after a re-probe.
     reprobing: BTreeSet<Feature>,
     /// Set once the start-up report has been logged: later disables log one line each.
@@ -110,7 +102,7 @@ impl<'n> Ctx<'n> {
         f: impl FnOnce(&Device<'n>) -> Result<T, NvmlError>,
     ) -> Result<Option<T>, Halt> {
         let feature = feature.into();
-        if self.disabled.contains_key(&feature) {
+        if self.disabled.contains(&feature) {
             return Ok(None);
         }
         lock(&self.busy).call = Some((feature.name, Instant::now()));
@@ -141,7 +133,7 @@ impl<'n> Ctx<'n> {
 
     /// True once `feature` is disabled on this GPU.
     pub fn is_disabled(&self, feature: impl Into<Feature>) -> bool {
-        self.disabled.contains_key(&feature.into())
+        self.disabled.contains(&feature.into())
     }
 
     /// Accounts a failed call: disables unsupported features, halts on a lost GPU or one that
@@ -205,12 +197,7 @@ impl<'n> Ctx<'n> {
     /// Tries every NOT_SUPPORTED feature again: MIG mode or the GPU's state changed, or the
     /// slow timer fired. A feature that is still unsupported is disabled again silently.
     pub fn reprobe(&mut self, why: &str) {
-        let again: Vec<Feature> = self
-            .disabled
-            .iter()
-            .filter(|(_, r)| **r == Retry::Reprobe)
-            .map(|(f, _)| *f)
-            .collect();
+        let again: Vec<Feature> = self.disabled.with(Retry::Reprobe).collect();
         if again.is_empty() {
             return;
         }
@@ -438,7 +425,7 @@ fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<B
         last_process_sample: 0,
         process_window,
         layout: sh.layout,
-        disabled: foldhash::HashMap::default(),
+        disabled: Disabled::default(),
         reprobing: BTreeSet::new(),
         reported: sh.reported.clone(),
         uuid,
