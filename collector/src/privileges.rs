@@ -22,6 +22,13 @@ pub const CAP_DAC_READ_SEARCH: u32 = 2;
 /// `CAP_SYS_PTRACE`.
 pub const CAP_SYS_PTRACE: u32 = 19;
 
+/// `CAP_SYS_ADMIN`.
+pub const CAP_SYS_ADMIN: u32 = 21;
+/// `CAP_PERFMON`.
+pub const CAP_PERFMON: u32 = 38;
+/// `CAP_BPF`.
+pub const CAP_BPF: u32 = 39;
+
 /// What is kept after start-up.
 pub const KEEP: [u32; 2] = [CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE];
 
@@ -55,6 +62,12 @@ fn capget() -> Option<[Data; 2]> {
     // SAFETY: capget(2) with a v3 header and two data structs, as the ABI requires.
     let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
     (r == 0).then_some(d)
+}
+
+/// The calling thread's effective capabilities as a mask (bit `CAP_*`); `None` where
+/// capget(2) fails.
+pub fn effective() -> Option<u64> {
+    capget().map(|[lo, hi]| u64::from(lo.effective) | (u64::from(hi.effective) << 32))
 }
 
 /// Sets this thread's effective and permitted sets to `mask`, inheritable to none

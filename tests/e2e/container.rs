@@ -353,27 +353,16 @@ fn unprivileged_the_image_serves_nvml_says_why_the_rest_is_off_and_is_unhealthy(
 
 /// The DaemonSet's securityContext, reproduced with podman: not privileged, every capability
 /// dropped but the ones `config/kubernetes/daemonset.yaml` adds, no_new_privs, seccomp
-/// unconfined, a read-only root, /dev/kmsg as a device and the host paths it mounts.
-#[test]
-fn with_the_daemonsets_capabilities_alone_every_source_runs() {
-    let Some(image) = image() else { return };
-    if ebpf::cannot_run() {
-        return;
-    }
-    let caps = crate::deploy::daemonset_capabilities().join(",");
-    let port = support::free_port();
-    let (config, state) = files(
-        port,
-        "[sources.kmsg]\naccept_user_records = true\n\n[sources.ebpf]\nwatch_devices = [\"/dev/null\"]\ninterval_secs = 1\n",
-    );
-    let scenario = support::scenario("h100-training.toml");
-    let how = [
+/// unconfined, a read-only root, /dev/kmsg as a device and the host paths it mounts
+/// (`tracing`: what is mounted on the container's /sys/kernel/tracing).
+fn daemonset_args(caps: &str, tracing: &Path) -> Vec<String> {
+    let mut how: Vec<String> = [
         "--pid",
         "host",
         "--cap-drop",
         "ALL",
         "--cap-add",
-        caps.as_str(),
+        caps,
         "--security-opt",
         "no-new-privileges",
         "--security-opt",
@@ -384,10 +373,47 @@ fn with_the_daemonsets_capabilities_alone_every_source_runs() {
         "-v",
         "/sys/kernel/btf:/sys/kernel/btf:ro",
         "-v",
-        "/sys/kernel/tracing:/sys/kernel/tracing:ro",
-        "-v",
         "/sys/fs/cgroup:/sys/fs/cgroup:ro",
-    ];
+    ]
+    .map(String::from)
+    .to_vec();
+    how.push("-v".into());
+    how.push(format!("{}:/sys/kernel/tracing:ro", tracing.display()));
+    how
+}
+
+/// The host's tracefs on /sys/kernel/tracing, as a node has it (systemd mounts it at boot;
+/// some hosts have it only under /sys/kernel/debug/tracing): the DaemonSet mounts that path,
+/// and without CAP_SYS_ADMIN the agent cannot mount it in the container.
+fn host_tracefs() {
+    let tracing = Path::new("/sys/kernel/tracing");
+    if tracing.join("events").exists() {
+        return;
+    }
+    let out = run(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]));
+    assert!(
+        tracing.join("events").exists(),
+        "mounting the host's tracefs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn with_the_daemonsets_capabilities_alone_every_source_runs() {
+    let Some(image) = image() else { return };
+    if ebpf::cannot_run() {
+        return;
+    }
+    host_tracefs();
+    let caps = crate::deploy::daemonset_capabilities().join(",");
+    let port = support::free_port();
+    let (config, state) = files(
+        port,
+        "[sources.kmsg]\naccept_user_records = true\n\n[sources.ebpf]\nwatch_devices = [\"/dev/null\"]\ninterval_secs = 1\n",
+    );
+    let scenario = support::scenario("h100-training.toml");
+    let how = daemonset_args(&caps, Path::new("/sys/kernel/tracing"));
+    let how: Vec<&str> = how.iter().map(String::as_str).collect();
     let c = Container::start_with(&image, &how, &config, &scenario, &state);
     let page = wait_metrics(port, &c, |m| {
         m.contains("junction_source_up{junction_source=\"ebpf\"}")
@@ -412,5 +438,45 @@ fn with_the_daemonsets_capabilities_alone_every_source_runs() {
         &|| c.logs(),
     );
     w.finish();
+    assert_eq!(c.stop(), 0, "{}", c.logs());
+}
+
+/// The DaemonSet's set on a host whose /sys/kernel/tracing is not tracefs (an empty
+/// directory): the agent cannot mount it without CAP_SYS_ADMIN, so eBPF is off, and it says
+/// to mount the host's tracefs, not to grant capabilities it already has; the other sources
+/// run.
+#[test]
+fn with_the_daemonsets_capabilities_and_no_host_tracefs_ebpf_says_to_mount_it() {
+    let Some(image) = image() else { return };
+    if ebpf::cannot_run() {
+        return;
+    }
+    let caps = crate::deploy::daemonset_capabilities().join(",");
+    let port = support::free_port();
+    let (config, state) = files(port, "[sources.kmsg]\naccept_user_records = true\n");
+    let empty = support::temp_dir();
+    let scenario = support::scenario("h100-training.toml");
+    let how = daemonset_args(&caps, &empty);
+    let how: Vec<&str> = how.iter().map(String::as_str).collect();
+    let c = Container::start_with(&image, &how, &config, &scenario, &state);
+    let page = wait_metrics(port, &c, |m| {
+        m.contains("junction_source_up{junction_source=\"ebpf\"}") && m.contains("gpu_info{")
+    });
+    let s = parse(&page);
+    for (source, up) in [("nvml", 1.0), ("kmsg", 1.0), ("ebpf", 0.0)] {
+        assert_eq!(
+            value(&s, "junction_source_up", &[("junction_source", source)]),
+            Some(up),
+            "{source} with {caps} and no tracefs:\n{}",
+            c.logs()
+        );
+    }
+    let logs = c.logs();
+    assert!(
+        logs.contains("tracefs is not mounted on /sys/kernel/tracing")
+            && logs.contains("mount the host's /sys/kernel/tracing")
+            && !logs.contains("grant CAP_BPF"),
+        "the eBPF source names the missing mount:\n{logs}"
+    );
     assert_eq!(c.stop(), 0, "{}", c.logs());
 }

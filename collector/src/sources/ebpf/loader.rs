@@ -90,7 +90,7 @@ pub enum LoadError {
     Permission(String),
     /// tracefs is not mounted and could not be.
     #[error(
-        "tracefs is not mounted and mounting it failed ({0}): run `mount -t tracefs nodev /sys/kernel/tracing` (in a container: mount the host's /sys/kernel/tracing)"
+        "tracefs is not mounted on /sys/kernel/tracing and mounting it failed ({0}): on the host, run `mount -t tracefs nodev /sys/kernel/tracing` (systemd mounts it at boot); in a container, mount the host's /sys/kernel/tracing, which must itself be tracefs (mounting it from inside needs CAP_SYS_ADMIN, which the DaemonSet does not grant)"
     )]
     Tracefs(String),
     /// The kernel refused the programs.
@@ -188,16 +188,28 @@ fn ensure_tracefs() -> Result<(), LoadError> {
             std::ptr::null(),
         )
     };
-    let err = std::io::Error::last_os_error();
-    match (r, err.kind()) {
-        (0, _) => {
-            tracing::info!("mounted tracefs on {TRACEFS}");
-            Ok(())
-        }
-        (_, std::io::ErrorKind::PermissionDenied) => Err(LoadError::Permission(format!(
-            "cannot mount tracefs on {TRACEFS}: {err}"
-        ))),
-        _ => Err(LoadError::Tracefs(err.to_string())),
+    if r == 0 {
+        tracing::info!("mounted tracefs on {TRACEFS}");
+        return Ok(());
+    }
+    Err(mount_refused(
+        &std::io::Error::last_os_error(),
+        crate::privileges::effective(),
+    ))
+}
+
+/// Why tracefs could not be mounted, for an operator: a process without CAP_BPF and
+/// CAP_PERFMON lacks the privileges for eBPF whatever else is missing; one that has them
+/// (the DaemonSet's set, which has no CAP_SYS_ADMIN to mount with) needs the host's tracefs
+/// mounted in.
+fn mount_refused(err: &std::io::Error, effective: Option<u64>) -> LoadError {
+    use crate::privileges::{CAP_BPF, CAP_PERFMON};
+    let bpf = (1u64 << CAP_BPF) | (1u64 << CAP_PERFMON);
+    let may_trace = effective.is_some_and(|caps| caps & bpf == bpf);
+    if err.kind() == std::io::ErrorKind::PermissionDenied && !may_trace {
+        LoadError::Permission(format!("cannot mount tracefs on {TRACEFS}: {err}"))
+    } else {
+        LoadError::Tracefs(err.to_string())
     }
 }
 
@@ -439,5 +451,41 @@ mod tests {
             Some((1 << 20) | 3)
         );
         assert!(kernel_rdev(Path::new("/etc/hostname")).is_err());
+    }
+
+    /// A refused tracefs mount is blamed on missing eBPF privileges only where they are
+    /// missing: with CAP_BPF and CAP_PERFMON (the DaemonSet's set) the fix is the host's
+    /// tracefs, and the message says so.
+    #[test]
+    fn a_refused_tracefs_mount_names_the_fix_that_applies() {
+        use crate::privileges::{CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE};
+        let eperm = std::io::Error::from_raw_os_error(libc::EPERM);
+        let daemonset = (1u64 << CAP_BPF) | (1 << CAP_PERFMON) | (1 << CAP_SYS_PTRACE);
+        let e = mount_refused(&eperm, Some(daemonset));
+        assert!(matches!(e, LoadError::Tracefs(_)), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("mount the host's /sys/kernel/tracing") && !text.contains("CAP_BPF"),
+            "{text}"
+        );
+        for caps in [
+            None,
+            Some(0),
+            Some(1u64 << CAP_BPF),
+            Some(1u64 << CAP_PERFMON),
+        ] {
+            let e = mount_refused(&eperm, caps);
+            assert!(matches!(e, LoadError::Permission(_)), "{caps:?}: {e}");
+            assert!(
+                e.to_string().contains("grant CAP_BPF and CAP_PERFMON"),
+                "{e}"
+            );
+        }
+        // Not a permission problem (no mount point): tracefs, whatever the capabilities.
+        let enoent = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert!(matches!(
+            mount_refused(&enoent, Some(0)),
+            LoadError::Tracefs(_)
+        ));
     }
 }
