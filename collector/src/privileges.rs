@@ -22,8 +22,6 @@ pub const CAP_DAC_READ_SEARCH: u32 = 2;
 /// `CAP_SYS_PTRACE`.
 pub const CAP_SYS_PTRACE: u32 = 19;
 
-/// `CAP_SYS_ADMIN`.
-pub const CAP_SYS_ADMIN: u32 = 21;
 /// `CAP_PERFMON`.
 pub const CAP_PERFMON: u32 = 38;
 /// `CAP_BPF`.

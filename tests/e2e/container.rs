@@ -390,9 +390,12 @@ fn host_tracefs() {
     if tracing.join("events").exists() {
         return;
     }
-    let out = run(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]));
+    let out = Command::new("mount")
+        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+        .output()
+        .expect("run mount");
     assert!(
-        tracing.join("events").exists(),
+        out.status.success() && tracing.join("events").exists(),
         "mounting the host's tracefs: {}",
         String::from_utf8_lossy(&out.stderr)
     );

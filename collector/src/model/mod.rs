@@ -138,21 +138,33 @@ impl Feature {
     }
 }
 
-/// Hashes the name's length and its first and last eight bytes with the index, not the whole
-/// name: the NVML workers look a feature up on every call, and names that share all of these
-/// only share a bucket (equality still compares the whole name).
+impl Feature {
+    /// The name's length and its first and last eight bytes with the index, mixed into a
+    /// word (not the whole name: the NVML workers look a feature up before every call; names
+    /// that share all of these only share a bucket, and equality still compares the whole
+    /// name). By the name's text, not its address: equal features need not share one.
+    pub fn digest(&self) -> u64 {
+        let b = self.name.as_bytes();
+        // Two 8-byte loads (names of eight bytes and more: nearly all), else one padded word.
+        let (first, last) = match (b.first_chunk::<8>(), b.last_chunk::<8>()) {
+            (Some(head), Some(tail)) => (u64::from_le_bytes(*head), u64::from_le_bytes(*tail)),
+            _ => {
+                let mut w = [0u8; 8];
+                w[..b.len()].copy_from_slice(b);
+                (u64::from_le_bytes(w), 0)
+            }
+        };
+        first
+            ^ last.rotate_left(29)
+            ^ (b.len() as u64).rotate_left(50)
+            ^ u64::from(self.index.unwrap_or(u32::MAX)).rotate_left(13)
+    }
+}
+
+/// Hashes [`Feature::digest`].
 impl std::hash::Hash for Feature {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        let b = self.name.as_bytes();
-        let word = |s: &[u8]| {
-            let mut w = [0u8; 8];
-            w[..s.len()].copy_from_slice(s);
-            u64::from_le_bytes(w)
-        };
-        let n = b.len().min(8);
-        state.write_u64(word(&b[..n]) ^ word(&b[b.len() - n..]).rotate_left(29));
-        state.write_usize(b.len());
-        state.write_u32(self.index.unwrap_or(u32::MAX));
+        state.write_u64(self.digest());
     }
 }
 

@@ -23,26 +23,11 @@ pub struct Disabled {
 }
 
 impl Disabled {
-    /// The feature's bit (word, mask): its name's length, first and last eight bytes (the
-    /// names of a family share their start: `nvlink_error_replay`, `nvlink_error_crc_flit`)
-    /// and index, mixed. By the name's text, not its address: equal features need not share
-    /// one.
+    /// The feature's bit (word, mask), from [`Feature::digest`] (which mixes in the name's
+    /// last eight bytes: the names of a family share their start, `nvlink_error_replay`,
+    /// `nvlink_error_crc_flit`).
     fn bit(f: &Feature) -> (usize, u64) {
-        let b = f.name.as_bytes();
-        // Two 8-byte loads (names of eight bytes and more: nearly all), else one padded word.
-        let (first, last) = match (b.first_chunk::<8>(), b.last_chunk::<8>()) {
-            (Some(head), Some(tail)) => (u64::from_le_bytes(*head), u64::from_le_bytes(*tail)),
-            _ => {
-                let mut w = [0u8; 8];
-                w[..b.len()].copy_from_slice(b);
-                (u64::from_le_bytes(w), 0)
-            }
-        };
-        let x = first
-            ^ last.rotate_left(29)
-            ^ (b.len() as u64).rotate_left(50)
-            ^ u64::from(f.index.unwrap_or(u32::MAX)).rotate_left(13);
-        let h = x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54;
+        let h = f.digest().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54;
         ((h >> 6) as usize, 1 << (h & 63))
     }
 
