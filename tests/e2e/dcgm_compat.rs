@@ -106,7 +106,7 @@ fn the_default_set_with_dcgm_exporters_labels_units_and_values() {
     let (port, dcgm) = (support::free_port(), support::free_port());
     let mut agent = Agent::spawn_config("h100-training.toml", &compat_config(port, dcgm, ""));
     let native = agent.wait_for(Duration::from_secs(30), |m| {
-        m.contains("gpu_sm_activity_ratio")
+        m.contains("gpu_sm_activity_ratio") && m.contains(support::NVML_UP)
     });
     let page = support::scrape(dcgm, Duration::from_secs(5)).expect("scrape :dcgm");
     check_labels(&page, &[]);
@@ -194,7 +194,9 @@ fn a_slurm_node_and_a_kubernetes_node_carry_the_job_and_the_pod() {
         pods.display().to_string()
     );
     let mut agent = Agent::spawn_config("h100-training.toml", &cfg);
-    let native = agent.wait_for(Duration::from_secs(30), |m| m.contains("gpu_info{"));
+    let native = agent.wait_for(Duration::from_secs(30), |m| {
+        m.contains("gpu_info{") && m.contains(support::NVML_UP)
+    });
     let uuids = support::uuids(&parse(&native));
     kubelet.set_pods(vec![pod(
         "ml",
@@ -284,7 +286,9 @@ fn a_counters_file_in_dcgm_exporters_format_selects_the_fields() {
         &format!("counters = {:?}\n", csv.display().to_string()),
     );
     let mut agent = Agent::spawn_config("h100-training.toml", &cfg);
-    agent.wait_for(Duration::from_secs(30), |m| m.contains("gpu_info{"));
+    agent.wait_for(Duration::from_secs(30), |m| {
+        m.contains("gpu_info{") && m.contains(support::NVML_UP)
+    });
     let page = support::scrape(dcgm, Duration::from_secs(5)).expect("scrape");
     let names: std::collections::BTreeSet<String> =
         lines(&page).into_iter().map(|l| l.name).collect();
@@ -430,7 +434,7 @@ fn dashboard(scenario: &str, rows: usize) -> (Agent, u16, Option<Prometheus>, Ve
     let (port, dcgm) = (support::free_port(), support::free_port());
     let mut agent = Agent::spawn_config(scenario, &compat_config(port, dcgm, ""));
     agent.wait_for(Duration::from_secs(30), |m| {
-        m.contains("gpu_sm_activity_ratio")
+        m.contains("gpu_sm_activity_ratio") && m.contains(support::NVML_UP)
     });
     let Some(prom) = Prometheus::start(dcgm, None) else {
         return (agent, dcgm, None, Vec::new());
@@ -589,6 +593,7 @@ fn a_process_in_a_slurm_steps_cgroup_carries_its_job_id() {
     let page = agent.wait_for(Duration::from_secs(30), |m| {
         m.lines()
             .any(|l| l.starts_with("gpu_process_memory_usage_bytes{") && l.contains(&needle))
+            && m.contains(support::NVML_UP)
     });
     let rows: Vec<&str> = page
         .lines()

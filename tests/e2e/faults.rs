@@ -423,3 +423,66 @@ fn inventory_without_nvml_shows_what_the_other_sources_do() {
     );
     assert!(section("pcie").starts_with("  on; "), "{text}");
 }
+
+/// The agent's threads named `nvml-collect…`.
+fn collecting_threads(agent: &Agent) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", agent.child.id()))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.starts_with("nvml-collect"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// One thread collects every GPU. A call that stalls past its deadline and then returns: while
+/// it is held, the watchdog has started a second thread and the other GPUs keep updating; when
+/// it returns, the stuck mark clears, that GPU updates again and the second thread ends.
+#[test]
+fn a_call_held_past_its_deadline_hands_the_others_to_another_thread_until_it_returns() {
+    let mut agent = Agent::start("hang-returns.toml", "current");
+    assert_eq!(collecting_threads(&agent), 1, "one thread collects");
+    let ids = support::uuids(&parse(
+        &support::scrape(agent.port, Duration::from_secs(5)).expect("scrape"),
+    ));
+    let g3 = ids[3].clone();
+    let stuck = |m: &str| value(&parse(m), "junction_nvml_stuck", &[("hw_id", g3.as_str())]);
+    let held = agent.wait_for(Duration::from_secs(20), |m| stuck(m) == Some(1.0));
+    assert_eq!(
+        collecting_threads(&agent),
+        2,
+        "a second thread collects while GPU 3 holds the first"
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    let later = support::scrape(agent.port, Duration::from_secs(1)).expect("scrape");
+    assert_eq!(stuck(&later), Some(1.0), "GPU 3 is held for 4 s");
+    assert!(
+        energy(&later, &ids[0]) > energy(&held, &ids[0]),
+        "GPU 0 keeps updating while GPU 3 is held"
+    );
+    let back = agent.wait_for(Duration::from_secs(20), |m| stuck(m) == Some(0.0));
+    assert!(
+        agent
+            .log()
+            .contains("NVML call returned after its deadline"),
+        "{}",
+        agent.log()
+    );
+    let fresh = agent.wait_for(Duration::from_secs(10), |m| {
+        energy(m, &g3) > energy(&back, &g3)
+    });
+    assert_eq!(stuck(&fresh), Some(0.0));
+    let start = Instant::now();
+    while collecting_threads(&agent) > 1 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        collecting_threads(&agent),
+        1,
+        "the second thread ends once no GPU holds one"
+    );
+    assert!(agent.terminate().success(), "SIGTERM exits 0");
+}

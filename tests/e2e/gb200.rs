@@ -51,7 +51,9 @@ fn a_gb200_tray_reports_its_fabric_and_modes_and_each_fault_raises_then_clears()
     let started = Instant::now();
     let mut agent = Agent::spawn_config(SCENARIO, &cfg);
     let page = agent.wait_for(Duration::from_secs(30), |m| {
-        m.contains("gpu_fabric_state{") && m.contains("gpu_persistence_mode{")
+        m.contains("gpu_fabric_state{")
+            && m.contains("gpu_persistence_mode{")
+            && m.contains(support::NVML_UP)
     });
     let s = parse(&page);
     let uuids = support::uuids(&s);

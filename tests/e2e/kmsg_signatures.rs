@@ -41,7 +41,7 @@ fn signatures_through_dev_kmsg_reach_the_right_gpu_process_and_node() {
     );
     let mut agent = Agent::spawn_config("h100-training.toml", &cfg);
     let page = agent.wait_for(Duration::from_secs(60), |m| {
-        m.contains("gpu_info{") && m.contains("pcie_link_width{")
+        m.contains("gpu_info{") && m.contains("pcie_link_width{") && m.contains(support::NVML_UP)
     });
     let uuids = support::uuids(&parse(&page));
     let domain = crate::kmsg::domain(7);
@@ -161,7 +161,9 @@ fn signatures_through_dev_kmsg_reach_the_right_gpu_process_and_node() {
     assert!(agent.terminate().success());
     let mut agent = Agent::spawn_config("h100-training.toml", &cfg);
     let page = agent.wait_for(Duration::from_secs(60), |m| {
-        m.contains("gpu_info{") && m.contains("kmsg_signature_events_total{")
+        m.contains("gpu_info{")
+            && m.contains("kmsg_signature_events_total{")
+            && m.contains(support::NVML_UP)
     });
     let s = parse(&page);
     assert_eq!(

@@ -118,7 +118,9 @@ fn same_metrics_as_scrape(protocol: &str, compression: &str) {
         .replace("]\ninterval_secs = 1\n", "]\ninterval_secs = 3600\n");
     let mut agent = Agent::spawn_config("h100-training.toml", &config);
     agent.wait_for(Duration::from_secs(20), |m| {
-        m.contains("gpu_sm_activity_ratio") && m.contains("gpu_process_utilization_ratio")
+        m.contains("gpu_sm_activity_ratio")
+            && m.contains("gpu_process_utilization_ratio")
+            && m.contains(support::NVML_UP)
     });
     let reg = registry();
     rx.wait_for(
@@ -335,7 +337,9 @@ fn events_emitted_while_the_receiver_is_down_arrive_exactly_once() {
         "flapping.toml",
         &format!("endpoint = {:?}\nprotocol = \"grpc\"\n", rx.grpc_url()),
     );
-    agent.wait_for(Duration::from_secs(20), |m| m.contains("hw_status{"));
+    agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("hw_status{") && m.contains(support::NVML_UP)
+    });
     std::thread::sleep(Duration::from_secs(5));
     assert!(
         events_recorded(agent.port) > 0,
@@ -434,7 +438,9 @@ fn slow_then_unavailable(protocol: &str) {
         "flapping.toml",
         &format!("endpoint = {endpoint:?}\nprotocol = {protocol:?}\ntimeout_ms = 1000\n"),
     );
-    agent.wait_for(Duration::from_secs(20), |m| m.contains("hw_status{"));
+    agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("hw_status{") && m.contains(support::NVML_UP)
+    });
     std::thread::sleep(Duration::from_secs(6));
     rx.set_mode(Mode::Unavailable);
     std::thread::sleep(Duration::from_secs(6));
@@ -470,7 +476,9 @@ fn rejected(protocol: &str, expect_message: bool) {
         "h100-training.toml",
         &format!("endpoint = {endpoint:?}\nprotocol = {protocol:?}\n"),
     );
-    agent.wait_for(Duration::from_secs(20), |m| m.contains("hw_status{"));
+    agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("hw_status{") && m.contains(support::NVML_UP)
+    });
     std::thread::sleep(Duration::from_secs(5));
     let requests = rx.with(|r| r.requests);
     // About one metric export a second, with no retries in between.
@@ -516,7 +524,9 @@ fn past_the_queue_bound_the_drop_counter_equals_the_loss() {
             rx.http_url()
         ),
     );
-    agent.wait_for(Duration::from_secs(20), |m| m.contains("hw_status{"));
+    agent.wait_for(Duration::from_secs(20), |m| {
+        m.contains("hw_status{") && m.contains(support::NVML_UP)
+    });
     let start = Instant::now();
     while events_recorded(agent.port) < 8 {
         assert!(

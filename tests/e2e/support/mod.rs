@@ -88,6 +88,9 @@ pub fn sim_config(variant: &str, port: u16, extra: &str) -> String {
     s
 }
 
+/// The line that says the NVML source is up.
+pub const NVML_UP: &str = "junction_source_up{junction_source=\"nvml\"} 1";
+
 /// A running agent; killed on drop.
 pub struct Agent {
     pub child: Child,
@@ -97,11 +100,12 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts `junction run` on a scenario and waits until `/metrics` has GPU data.
+    /// Starts `junction run` on a scenario and waits until `/metrics` has every GPU's first
+    /// cycle (the NVML source is up once each GPU has been read once).
     pub fn start(scenario_name: &str, variant: &str) -> Agent {
         let mut agent = Agent::spawn(scenario_name, variant, "");
         agent.wait_for(Duration::from_secs(30), |m| {
-            m.contains("hw_gpu_memory_usage_bytes")
+            m.contains("hw_gpu_memory_usage_bytes") && m.contains(NVML_UP)
         });
         agent
     }

@@ -4,16 +4,18 @@
 //! `video` group; in a container, the NVIDIA runtime's device mounts).
 //!
 //! How it fails: building fails loudly if the library cannot be loaded or initialised. Once
-//! running, each GPU has its own thread: a call that returns `NOT_SUPPORTED` or is missing from
-//! the driver disables that feature (one NVLink link, fan or counter at a time) for that GPU,
+//! running, one thread collects every GPU in turn: a call that returns `NOT_SUPPORTED` or is
+//! missing from the driver disables that feature (one NVLink link, fan or counter at a time) for that GPU,
 //! listed by `junction inventory`; NOT_SUPPORTED features are tried again when MIG mode or the
 //! GPU's state changes and every `reprobe_interval_secs`. A call that hangs past
-//! `call_timeout_ms` marks that GPU as stuck; the watchdog reports every stuck GPU, but a
+//! `call_timeout_ms` marks that GPU as stuck and the watchdog starts another thread for the
+//! other GPUs (one more for each GPU held); the watchdog reports every stuck GPU, but a
 //! driver defect that orphans a lock can hang every later call on every GPU
 //! (NVIDIA/open-gpu-kernel-modules#1333), and then every GPU is reported stuck. A GPU that
 //! falls off the bus or needs a reset is reported failed and probed with backoff.
 
 mod collect;
+mod crew;
 mod disabled;
 mod events;
 mod report;
@@ -29,8 +31,9 @@ use nvml_wrapper::error::NvmlError;
 use crate::agent::{Component, Ctx, SHUTDOWN_DEADLINE};
 use crate::config::{Config, Invalid, config_section};
 use crate::model::{DriverInfo, GpuInfo, Group, Model};
+pub use crate::shutdown::Shutdown;
 use collect::V3Layout;
-pub use worker::{Shutdown, Workers};
+pub use crew::Workers;
 
 config_section! {
     /// `[sources.nvml]`
@@ -230,7 +233,8 @@ pub const COMPONENT: Component = Component {
 /// Builds the source off the async workers (a hung `nvmlInit` must neither hide `/metrics`
 /// nor delay SIGTERM), runs its threads, and stops them under the deadline.
 async fn run(config: Arc<Config>, ctx: Ctx) {
-    // Down until it has started: /healthz answers 503 meanwhile.
+    // Down until every GPU has been read once (or that has taken its limit, see
+    // `crew::start`): /healthz answers 503 meanwhile.
     ctx.model.set_source_up("nvml", false);
     let (model, shutdown) = (ctx.model.clone(), ctx.shutdown.clone());
     let build = tokio::task::spawn_blocking(move || {
@@ -331,7 +335,6 @@ impl NvmlSource {
         model.set_driver(driver);
         let gpus: Vec<_> = infos.into_iter().map(|info| model.add_gpu(info)).collect();
         tracing::info!(gpus = gpus.len(), library = %config.library, "NVML source ready");
-        model.set_source_up("nvml", true);
         Ok(Self {
             nvml: Arc::new(nvml),
             model,
@@ -341,7 +344,8 @@ impl NvmlSource {
         })
     }
 
-    /// Starts one thread per GPU, the deadline watchdog and (with `xid_events`) the NVML
+    /// Starts the collecting thread (the source is up once every GPU has been read once), the
+    /// deadline watchdog and (with `xid_events`) the NVML
     /// event thread.
     pub fn start(self, shutdown: Shutdown) -> Workers {
         if self.config.xid_events {
@@ -354,7 +358,7 @@ impl NvmlSource {
                 tracing::error!(error = %e, "cannot start the NVML event thread");
             }
         }
-        worker::start(
+        crew::start(
             self.nvml,
             self.model,
             &self.config,
@@ -368,8 +372,9 @@ impl NvmlSource {
     /// Collects every enabled group once on every GPU and waits for the results (bounded by
     /// `call_timeout_ms` per GPU).
     pub fn collect_once(self) {
+        self.model.set_source_up("nvml", true);
         let shutdown = Shutdown::default();
-        let workers = worker::start(
+        let workers = crew::start(
             self.nvml,
             self.model,
             &self.config,

@@ -1,34 +1,32 @@
-//! One thread per GPU: schedules the groups, isolates hanging calls, handles lost GPUs and
-//! GPUs that need a reset, and re-probes features that were unsupported.
+//! One GPU's collection state: every NVML call goes through [`Ctx::call`], which does the
+//! feature detection, the error accounting and the watchdog's bookkeeping; features that
+//! were unsupported are re-probed; a lost GPU, or one that needs a reset, is marked failed
+//! and probed until it answers. The threads that run it are in `crew`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use super::NvmlConfig;
 use super::collect::{self, GpmState, MigDevice, V3Layout};
 use super::disabled::{Disabled, Retry};
-use super::report;
 use crate::internal_events::{InternalEvent, NvmlCallFailed, NvmlImplausible};
 use crate::model::health::{Action, Code};
 use crate::model::{Feature, GpuSlot, Group, HealthState, Model, Sample, lock};
-pub use crate::shutdown::Shutdown;
 
-/// The call a worker is in, for the watchdog.
+/// The call a GPU's collector is in, for the watchdog.
 #[derive(Debug, Default)]
-struct Busy {
-    call: Option<(&'static str, Instant)>,
-    /// Set by the watchdog when it marked the slot stuck; the worker clears both.
-    stuck: bool,
+pub(super) struct Busy {
+    pub(super) call: Option<(&'static str, Instant)>,
+    /// Set by the watchdog when it marked the slot stuck; the collector clears both.
+    pub(super) stuck: bool,
 }
 
-/// A GPU slot and the call its worker is in.
-type Watched = (Arc<Mutex<GpuSlot>>, Arc<Mutex<Busy>>);
+/// A GPU slot and the call its collector is in.
+pub(super) type Watched = (Arc<Mutex<GpuSlot>>, Arc<Mutex<Busy>>);
 
 /// Why collection on a GPU stops until it answers again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +40,7 @@ pub enum Halt {
 
 impl Halt {
     /// The reason code (a `gpu.health.reason` value), the action and the sentence.
-    fn reason(self) -> (Code, Action, &'static str) {
+    pub(super) fn reason(self) -> (Code, Action, &'static str) {
         match self {
             Halt::Lost => (
                 Code::GpuLost,
@@ -90,10 +88,62 @@ pub struct Ctx<'n> {
     reprobing: BTreeSet<Feature>,
     /// Set once the start-up report has been logged: later disables log one line each.
     reported: Arc<AtomicBool>,
+    /// Set when a call returned after the watchdog marked it stuck (the thread it held may
+    /// have been replaced meanwhile); the crew reads and clears it.
+    pub(super) held: bool,
     uuid: String,
 }
 
+/// What a GPU's context starts from.
+pub(super) struct Start<'n> {
+    pub nvml: &'n Nvml,
+    pub model: &'n Model,
+    pub dev: Device<'n>,
+    pub slot: Arc<Mutex<GpuSlot>>,
+    pub busy: Arc<Mutex<Busy>>,
+    pub max_processes: usize,
+    pub process_window: Duration,
+    pub layout: V3Layout,
+    pub reported: Arc<AtomicBool>,
+}
+
 impl<'n> Ctx<'n> {
+    /// A GPU's context before its first collection.
+    pub(super) fn new(s: Start<'n>) -> Self {
+        let uuid = lock(&s.slot).info.uuid.clone();
+        Self {
+            nvml: s.nvml,
+            model: s.model,
+            dev: s.dev,
+            slot: s.slot,
+            busy: s.busy,
+            max_processes: s.max_processes,
+            gpm: GpmState::default(),
+            mig_devices: Vec::new(),
+            mig_mode: None,
+            p2p: (0, Vec::new()),
+            proc_names: BTreeMap::new(),
+            last_process_sample: 0,
+            process_window: s.process_window,
+            layout: s.layout,
+            disabled: Disabled::default(),
+            reprobing: BTreeSet::new(),
+            reported: s.reported,
+            held: false,
+            uuid,
+        }
+    }
+
+    /// Tells the watchdog that `call` starts now.
+    fn enter(&self, call: &'static str) {
+        entered(&self.busy, call);
+    }
+
+    /// Tells the watchdog that the call returned (see [`returned`]).
+    pub(super) fn leave(&mut self) {
+        self.held |= returned(&self.busy, &self.slot, self.model);
+    }
+
     /// Runs one NVML call for `feature`, with feature detection and error accounting.
     /// `Ok(None)`: the value is unavailable this time (or for good, if unsupported).
     pub fn call<T>(
@@ -105,21 +155,9 @@ impl<'n> Ctx<'n> {
         if self.disabled.contains(&feature) {
             return Ok(None);
         }
-        lock(&self.busy).call = Some((feature.name, Instant::now()));
+        self.enter(feature.name);
         let r = f(&self.dev);
-        let was_stuck = {
-            let mut busy = lock(&self.busy);
-            busy.call = None;
-            std::mem::take(&mut busy.stuck)
-        };
-        // Lock order: busy, then slot (as the watchdog); the slot only when it was marked.
-        if was_stuck {
-            let recovered = lock(&self.slot).stuck.take();
-            if let Some((call, _)) = recovered {
-                tracing::warn!(gpu = %self.uuid, call, "NVML call returned after its deadline; GPU collecting again");
-                self.model.clear(&self.uuid, Code::NvmlCallStuck);
-            }
-        }
+        self.leave();
         match r {
             Ok(v) => {
                 if !self.reprobing.is_empty() && self.reprobing.remove(&feature) {
@@ -224,284 +262,35 @@ impl<'n> Ctx<'n> {
     }
 }
 
-/// The running workers.
-pub struct Workers {
-    handles: Vec<JoinHandle<()>>,
-    done: Arc<(Mutex<usize>, Condvar)>,
-    shutdown: Shutdown,
+/// Tells the watchdog that `call` starts now on this GPU.
+pub(super) fn entered(busy: &Mutex<Busy>, call: &'static str) {
+    lock(busy).call = Some((call, Instant::now()));
 }
 
-impl Workers {
-    /// Waits until every worker has finished its first full cycle, or `limit`.
-    pub fn wait_once(&self, limit: Duration) {
-        let n = self.handles.len();
-        let guard = lock(&self.done.0);
-        let _ = self.done.1.wait_timeout_while(guard, limit, |d| *d < n);
-    }
-
-    /// Stops the workers and joins those that finish within `deadline` (a thread stuck in an
-    /// NVML call is left behind; the process exits anyway).
-    pub fn stop(self, deadline: Duration) {
-        self.shutdown.trigger();
-        let end = Instant::now() + deadline;
-        for h in self.handles {
-            crate::agent::join_by(h, end);
-        }
-    }
-}
-
-/// What every GPU thread shares.
-struct Shared {
-    nvml: Arc<Nvml>,
-    model: Arc<Model>,
-    schedule: Vec<(Group, Duration)>,
-    max_processes: usize,
-    retry_max: Duration,
-    reprobe_every: Duration,
-    layout: V3Layout,
-    shutdown: Shutdown,
-    once: bool,
-    done: Arc<(Mutex<usize>, Condvar)>,
-    reported: Arc<AtomicBool>,
-}
-
-/// Starts the GPU threads, the watchdog and the start-up report. With `once`, each thread
-/// runs every group once.
-pub fn start(
-    nvml: Arc<Nvml>,
-    model: Arc<Model>,
-    config: &NvmlConfig,
-    layout: V3Layout,
-    slots: Vec<Arc<Mutex<GpuSlot>>>,
-    shutdown: Shutdown,
-    once: bool,
-) -> Workers {
-    let timeout = Duration::from_millis(config.call_timeout_ms);
-    let shared = Arc::new(Shared {
-        nvml,
-        model,
-        schedule: config.groups.schedule(),
-        max_processes: config.max_processes_per_gpu as usize,
-        retry_max: Duration::from_secs(config.lost_retry_max_secs.max(1)),
-        reprobe_every: Duration::from_secs(config.reprobe_interval_secs.max(1)),
-        layout,
-        shutdown: shutdown.clone(),
-        once,
-        done: Arc::new((Mutex::new(0usize), Condvar::new())),
-        reported: Arc::new(AtomicBool::new(once)),
-    });
-    let mut handles = Vec::new();
-    let mut watched = Vec::new();
-    for (index, slot) in slots.iter().cloned().enumerate() {
-        let busy = Arc::new(Mutex::new(Busy::default()));
-        watched.push((slot.clone(), busy.clone()));
-        let shared = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("nvml-gpu{index}"))
-            .spawn(move || run_gpu(&shared, index as u32, slot, busy));
-        match spawned {
-            Ok(h) => handles.push(h),
-            Err(e) => {
-                tracing::error!(gpu = index, error = %e, "cannot start the NVML thread for this GPU")
-            }
-        }
-    }
-    if !once {
-        let sd = shutdown.clone();
-        let model = shared.model.clone();
-        let spawned = std::thread::Builder::new()
-            .name("nvml-watchdog".into())
-            .spawn(move || {
-                // Half the deadline (50 ms to 1 s): a stuck call is reported within 1.5
-                // deadlines. Each wake-up of an idle thread costs tens of µs of CPU on a busy
-                // host (80 µs here, against the 110 µs a GPU's whole 1 s cycle takes): at the
-                // default 2 s deadline this thread wakes once a second, not twice.
-                let period = (timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
-                while !sd.sleep(period) {
-                    watchdog(&watched, timeout, &model);
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the NVML watchdog");
-        }
-        let (n, shared) = (handles.len(), shared.clone());
-        let limit = timeout * 8 + Duration::from_secs(5);
-        let _ = std::thread::Builder::new()
-            .name("nvml-report".into())
-            .spawn(move || {
-                {
-                    let guard = lock(&shared.done.0);
-                    let _ = shared.done.1.wait_timeout_while(guard, limit, |d| *d < n);
-                }
-                shared.reported.store(true, Ordering::Relaxed);
-                report::startup(&slots);
-            });
-    }
-    Workers {
-        handles,
-        done: shared.done.clone(),
-        shutdown,
-    }
-}
-
-/// Marks GPUs whose current call has run past `timeout` as stuck (one log line each time).
-fn watchdog(watched: &[Watched], timeout: Duration, model: &Model) {
-    for (slot, busy) in watched {
+/// Tells the watchdog that the GPU's call returned. If the watchdog had marked it stuck,
+/// clears the mark and the health reason, and returns true: the thread was held past the
+/// deadline (and may have been replaced meanwhile).
+pub(super) fn returned(busy: &Mutex<Busy>, slot: &Mutex<GpuSlot>, model: &Model) -> bool {
+    let was_stuck = {
         let mut busy = lock(busy);
-        let Some((call, since)) = busy.call else {
-            continue;
-        };
-        if busy.stuck || since.elapsed() < timeout {
-            continue;
-        }
-        busy.stuck = true;
-        let uuid = {
+        busy.call = None;
+        std::mem::take(&mut busy.stuck)
+    };
+    // Lock order: busy, then slot (as the watchdog); the slot only when it was marked.
+    if was_stuck {
+        let recovered = {
             let mut s = lock(slot);
-            if s.stuck.is_some() {
-                continue;
-            }
-            s.stuck = Some((call, since));
-            s.timeouts += 1;
-            tracing::error!(gpu = %s.info.uuid, call, timeout_ms = timeout.as_millis() as u64,
-                "NVML call is stuck past its deadline; this GPU's metrics are stale");
-            s.info.uuid.clone()
+            s.stuck.take().map(|(call, _)| (call, s.info.uuid.clone()))
         };
-        let why = format!(
-            "NVML call {call} did not return within {} ms",
-            timeout.as_millis()
-        );
-        model.raise(
-            &uuid,
-            Code::NvmlCallStuck,
-            HealthState::Degraded,
-            Action::None,
-            why,
-        );
-    }
-}
-
-fn run_gpu(sh: &Shared, index: u32, slot: Arc<Mutex<GpuSlot>>, busy: Arc<Mutex<Busy>>) {
-    let finish = || {
-        *lock(&sh.done.0) += 1;
-        sh.done.1.notify_all();
-    };
-    let uuid = lock(&slot).info.uuid.clone();
-    lock(&busy).call = Some(("device_handle", Instant::now()));
-    let dev = sh.nvml.device_by_index(index);
-    lock(&busy).call = None;
-    let dev = match dev {
-        Ok(d) => d,
-        Err(e) => {
-            mark_failed(
-                &sh.model,
-                &slot,
-                (
-                    Code::GpuUnreachable,
-                    Action::DrainAndService,
-                    format!("cannot open the GPU: {e}"),
-                ),
-            );
-            finish();
-            return;
-        }
-    };
-    let process_window = sh
-        .schedule
-        .iter()
-        .find(|(g, _)| *g == Group::Processes)
-        .map_or(Duration::from_secs(5), |(_, d)| *d);
-    let mut ctx = Ctx {
-        nvml: &sh.nvml,
-        model: &sh.model,
-        dev,
-        slot: slot.clone(),
-        busy,
-        max_processes: sh.max_processes,
-        gpm: GpmState::default(),
-        mig_devices: Vec::new(),
-        mig_mode: None,
-        p2p: (0, Vec::new()),
-        proc_names: BTreeMap::new(),
-        last_process_sample: 0,
-        process_window,
-        layout: sh.layout,
-        disabled: Disabled::default(),
-        reprobing: BTreeSet::new(),
-        reported: sh.reported.clone(),
-        uuid,
-    };
-    let start = Instant::now();
-    let mut due: Vec<Instant> = sh.schedule.iter().map(|_| start).collect();
-    // Each group's last sample count, to size the next batch without regrowing it.
-    let mut sizes: Vec<usize> = sh.schedule.iter().map(|_| 16).collect();
-    let mut next_reprobe = start + sh.reprobe_every;
-    let mut first_cycle = true;
-    loop {
-        if sh.shutdown.is_triggered() {
-            break;
-        }
-        let now = Instant::now();
-        if now >= next_reprobe {
-            ctx.reprobe("periodic re-probe (sources.nvml.reprobe_interval_secs)");
-            next_reprobe = now + sh.reprobe_every;
-        }
-        let mut halted = None;
-        for (i, (group, interval)) in sh.schedule.iter().enumerate() {
-            if due[i] > now {
-                continue;
-            }
-            let mut out = Vec::with_capacity(sizes[i]);
-            if let Err(h) = collect::collect(*group, &mut ctx, &mut out) {
-                halted = Some(h);
-                break;
-            }
-            sizes[i] = out.len();
-            publish(&slot, *group, out);
-            due[i] += *interval;
-            if due[i] <= now {
-                due[i] = now + *interval;
-            }
-        }
-        if let Some(halt) = halted {
-            ctx.gpm = GpmState::default();
-            let (code, action, why) = halt.reason();
-            mark_failed(&sh.model, &slot, (code, action, why.into()));
-            if sh.once {
-                finish();
-                return;
-            }
-            if !wait_for_recovery(&mut ctx, sh.retry_max, &sh.shutdown) {
-                break;
-            }
-            ctx.reprobe("the GPU answers again");
-            let now = Instant::now();
-            due.iter_mut().for_each(|d| *d = now);
-            continue;
-        }
-        if first_cycle {
-            first_cycle = false;
-            finish();
-            if sh.once {
-                return;
-            }
-        }
-        let next = due
-            .iter()
-            .min()
-            .copied()
-            .unwrap_or(now + Duration::from_secs(1))
-            .min(next_reprobe);
-        crate::allocator::flush_thread_cache();
-        if sh
-            .shutdown
-            .sleep(next.saturating_duration_since(Instant::now()))
-        {
-            break;
+        if let Some((call, uuid)) = recovered {
+            tracing::warn!(gpu = %uuid, call, "NVML call returned after its deadline; GPU collecting again");
+            model.clear(&uuid, Code::NvmlCallStuck);
         }
     }
+    was_stuck
 }
 
-fn publish(slot: &Mutex<GpuSlot>, group: Group, samples: Vec<Sample>) {
+pub(super) fn publish(slot: &Mutex<GpuSlot>, group: Group, samples: Vec<Sample>) {
     let mut s = lock(slot);
     s.groups[group.index()] = Arc::new(samples);
 }
@@ -509,7 +298,11 @@ fn publish(slot: &Mutex<GpuSlot>, group: Group, samples: Vec<Sample>) {
 /// The reasons this source raises when a GPU stops answering; cleared when it answers.
 const FAILURES: [Code; 3] = [Code::GpuLost, Code::ResetRequired, Code::GpuUnreachable];
 
-fn mark_failed(model: &Model, slot: &Mutex<GpuSlot>, (code, action, why): (Code, Action, String)) {
+pub(super) fn mark_failed(
+    model: &Model,
+    slot: &Mutex<GpuSlot>,
+    (code, action, why): (Code, Action, String),
+) {
     let uuid = {
         let mut s = lock(slot);
         for g in &mut s.groups {
@@ -523,37 +316,31 @@ fn mark_failed(model: &Model, slot: &Mutex<GpuSlot>, (code, action, why): (Code,
     model.raise(&uuid, code, HealthState::Failed, action, why);
 }
 
-/// Probes a failed GPU with backoff until it answers (its UUID, and a memory read that
-/// reaches the GPU: a driver may answer the UUID from its cache while the GPU still needs a
-/// reset). Returns false on shutdown.
-fn wait_for_recovery(ctx: &mut Ctx<'_>, retry_max: Duration, shutdown: &Shutdown) -> bool {
-    let mut wait = Duration::from_secs(1);
-    loop {
-        if shutdown.sleep(wait) {
-            return false;
+/// Probes a failed GPU once: its UUID, and a memory read that reaches the GPU (a driver may
+/// answer the UUID from its cache while the GPU still needs a reset). True when it answers;
+/// `retry_in` is only for the log line when it does not.
+pub(super) fn answers_again(ctx: &mut Ctx<'_>, retry_in: Duration) -> bool {
+    ctx.enter("nvmlDeviceGetUUID");
+    let probe = ctx
+        .dev
+        .uuid()
+        .and_then(|_| match collect::raw::memory_v1(ctx.nvml, &ctx.dev) {
+            Err(e @ (NvmlError::GpuLost | NvmlError::ResetRequired)) => Err(e),
+            _ => Ok(()),
+        });
+    ctx.leave();
+    match probe {
+        Ok(()) => {
+            tracing::warn!(gpu = %ctx.uuid, "failed GPU answers again; collecting");
+            for code in FAILURES {
+                ctx.model.clear(&ctx.uuid, code);
+            }
+            ctx.model.gpu_recovered(&ctx.uuid);
+            true
         }
-        lock(&ctx.busy).call = Some(("nvmlDeviceGetUUID", Instant::now()));
-        let probe =
-            ctx.dev
-                .uuid()
-                .and_then(|_| match collect::raw::memory_v1(ctx.nvml, &ctx.dev) {
-                    Err(e @ (NvmlError::GpuLost | NvmlError::ResetRequired)) => Err(e),
-                    _ => Ok(()),
-                });
-        lock(&ctx.busy).call = None;
-        match probe {
-            Ok(()) => {
-                tracing::warn!(gpu = %ctx.uuid, "failed GPU answers again; collecting");
-                for code in FAILURES {
-                    ctx.model.clear(&ctx.uuid, code);
-                }
-                ctx.model.gpu_recovered(&ctx.uuid);
-                return true;
-            }
-            Err(e) => {
-                tracing::debug!(gpu = %ctx.uuid, error = %e, retry_in_secs = wait.as_secs(), "failed GPU still not answering");
-                wait = (wait * 2).min(retry_max);
-            }
+        Err(e) => {
+            tracing::debug!(gpu = %ctx.uuid, error = %e, retry_in_secs = retry_in.as_secs(), "failed GPU still not answering");
+            false
         }
     }
 }

@@ -282,6 +282,12 @@ pub fn field_values(
 /// names into strings of its own, forty allocations a call that are thrown away.
 pub struct GpmRequest(Box<nvmlGpmMetricsGet_t>);
 
+// SAFETY: the request is plain data that one thread at a time uses (a GPU's state moves
+// between the collecting threads under its lock). Its pointers are the two sample handles
+// and the driver's metric names: all are written before each call, read only within it,
+// and tied to no thread.
+unsafe impl Send for GpmRequest {}
+
 impl Default for GpmRequest {
     fn default() -> Self {
         // Allocated zeroed rather than built on the stack and moved.
