@@ -320,7 +320,9 @@ fn unprivileged_the_image_serves_nvml_says_why_the_rest_is_off_and_is_unhealthy(
     let scenario = support::scenario("h100-training.toml");
     let c = Container::start(&image, false, &config, &scenario, &state);
     let page = wait_metrics(port, &c, |m| {
-        m.contains("hw_gpu_memory_usage_bytes") && m.contains("junction_source=\"ebpf\"")
+        m.contains("hw_gpu_memory_usage_bytes")
+            && m.contains("junction_source=\"ebpf\"")
+            && m.contains(support::NVML_UP)
     });
     let s = parse(&page);
     assert_eq!(
@@ -421,6 +423,7 @@ fn with_the_daemonsets_capabilities_alone_every_source_runs() {
     let page = wait_metrics(port, &c, |m| {
         m.contains("junction_source_up{junction_source=\"ebpf\"}")
             && m.contains("junction_source_up{junction_source=\"kmsg\"}")
+            && m.contains(support::NVML_UP)
             && m.contains("gpu_info{")
     });
     let s = parse(&page);
@@ -463,7 +466,9 @@ fn with_the_daemonsets_capabilities_and_no_host_tracefs_ebpf_says_to_mount_it() 
     let how: Vec<&str> = how.iter().map(String::as_str).collect();
     let c = Container::start_with(&image, &how, &config, &scenario, &state);
     let page = wait_metrics(port, &c, |m| {
-        m.contains("junction_source_up{junction_source=\"ebpf\"}") && m.contains("gpu_info{")
+        m.contains("junction_source_up{junction_source=\"ebpf\"}")
+            && m.contains("gpu_info{")
+            && m.contains(support::NVML_UP)
     });
     let s = parse(&page);
     for (source, up) in [("nvml", 1.0), ("kmsg", 1.0), ("ebpf", 0.0)] {
