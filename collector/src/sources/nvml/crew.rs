@@ -162,6 +162,8 @@ struct Gpu<'n> {
     due: Vec<Instant>,
     /// Each group's last sample count, to size the next batch without regrowing it.
     sizes: Vec<usize>,
+    /// A group run again early (`Ctx::again_in`): when it is due after that, on its phase.
+    resume: Vec<Option<Instant>>,
     next_reprobe: Instant,
     first_cycle: bool,
     /// While the GPU is failed: when to probe it next, and the wait that led there.
@@ -405,6 +407,7 @@ fn open<'n>(
         ctx,
         due: sh.schedule.iter().map(|_| now).collect(),
         sizes: sh.schedule.iter().map(|_| 16).collect(),
+        resume: sh.schedule.iter().map(|_| None).collect(),
         next_reprobe: now + sh.reprobe_every,
         first_cycle: true,
         recovery: None,
@@ -428,19 +431,25 @@ impl Gpu<'_> {
             self.recovery = None;
             self.ctx.reprobe("the GPU answers again");
             self.due.iter_mut().for_each(|d| *d = now);
+            self.resume.iter_mut().for_each(|r| *r = None);
         }
         if now >= self.next_reprobe {
             self.ctx
                 .reprobe("periodic re-probe (sources.nvml.reprobe_interval_secs)");
             self.next_reprobe = now + sh.reprobe_every;
         }
+        // A group asked to run again early: the GPU's first cycle is done after that.
+        let mut early = false;
         for (i, (group, interval)) in sh.schedule.iter().enumerate() {
             if self.due[i] > now {
+                early |= self.resume[i].is_some();
                 continue;
             }
+            let resume = self.resume[i].take();
             let mut out = Vec::with_capacity(self.sizes[i]);
             if let Err(halt) = collect::collect(*group, &mut self.ctx, &mut out) {
                 self.ctx.gpm = GpmState::default();
+                self.ctx.again_in = None;
                 let (code, action, why) = halt.reason();
                 worker::mark_failed(&sh.model, &self.ctx.slot, (code, action, why.into()));
                 if self.first_cycle || sh.once {
@@ -456,12 +465,18 @@ impl Gpu<'_> {
             }
             self.sizes[i] = out.len();
             worker::publish(&self.ctx.slot, *group, out);
-            self.due[i] += *interval;
+            if let Some(gap) = self.ctx.again_in.take() {
+                self.resume[i] = Some(resume.unwrap_or(self.due[i] + *interval));
+                self.due[i] = now + gap;
+                early = true;
+                continue;
+            }
+            self.due[i] = resume.unwrap_or(self.due[i] + *interval);
             if self.due[i] <= now {
                 self.due[i] = now + *interval;
             }
         }
-        if self.first_cycle {
+        if self.first_cycle && !early {
             self.first_cycle = false;
             sh.finish();
             if sh.once {

@@ -88,6 +88,9 @@ pub struct Ctx<'n> {
     reprobing: BTreeSet<Feature>,
     /// Set once the start-up report has been logged: later disables log one line each.
     reported: Arc<AtomicBool>,
+    /// Set by a group that wants to run again this soon, before its interval (GPM's first
+    /// cycle, which needs a second sample); the crew reads and clears it.
+    pub again_in: Option<Duration>,
     /// Set when a call returned after the watchdog marked it stuck (the thread it held may
     /// have been replaced meanwhile); the crew reads and clears it.
     pub(super) held: bool,
@@ -129,6 +132,7 @@ impl<'n> Ctx<'n> {
             disabled: Disabled::default(),
             reprobing: BTreeSet::new(),
             reported: s.reported,
+            again_in: None,
             held: false,
             uuid,
         }

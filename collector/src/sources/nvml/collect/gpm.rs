@@ -109,10 +109,14 @@ pub(super) fn gpm(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> 
         None => return Ok(()),
     }
     if ctx.gpm.prev.is_none() {
-        // First cycle: take a baseline, and a second sample shortly after so that the first
-        // publication already has values.
+        // First cycle: take a baseline and ask for the group again shortly after, so that
+        // the first values come within a cycle, not an interval later. The thread collects
+        // the other GPUs meanwhile (it used to sleep here, a quarter of a second a GPU).
         ctx.gpm.prev = ctx.call("gpm", |d| d.gpm_sample())?;
-        std::thread::sleep(FIRST_SAMPLE_GAP);
+        if ctx.gpm.prev.is_some() {
+            ctx.again_in = Some(FIRST_SAMPLE_GAP);
+            return mig_instances(ctx, out);
+        }
     }
     if let Some(next) = ctx.call("gpm", |d| d.gpm_sample())? {
         let results = match ctx.gpm.prev.take() {
