@@ -12,14 +12,16 @@
 //! - [`JEMALLOC_CONF`]: two arenas (jemalloc's default is four per CPU, each holding its
 //!   own partly used slabs; a GPU node has a hundred CPUs and more), small thread caches, and
 //!   unused dirty pages returned after a second instead of ten. Each of Junction's threads
-//!   (one per GPU and more) keeps a cache of freed blocks of its own: with jemalloc's default
+//!   keeps a cache of freed blocks of its own (the NVML source had one thread per GPU when
+//!   this was measured; one thread collects every GPU now): with jemalloc's default
 //!   caches (up to 200 blocks per size class, every class to 32 KiB) RSS was 5 to 6 MiB
 //!   higher in the soak and 16 MiB higher on the 64-GPU node (71 threads); without any, each
 //!   allocation and free took an arena lock, 14 % of the agent's instructions on the 8-GPU
 //!   node (callgrind, a cycle and a scrape a second). The caches here hold at most 16 blocks
 //!   of a class, and only classes to 1 KiB (the samples, their strings, the NVML buffers),
-//!   and an NVML worker hands its cache back before it sleeps ([`flush_thread_cache`]), so
-//!   that 64 idle caches hold nothing between cycles: 82.2 M instructions over 20 s where
+//!   and the NVML collecting thread hands its cache back before it sleeps
+//!   ([`flush_thread_cache`]), so that no idle cache holds blocks between cycles (with a
+//!   thread per GPU, 64 idle caches had): 82.2 M instructions over 20 s where
 //!   none took 102.7 M (99.7 M with the default caches), and the 64-GPU node's peak RSS
 //!   within the noise of none (31.5-33.2 MiB against 31.6-32.0, OTLP every second).
 //! - [`release`], once start-up is done and then every [`RELEASE_EVERY`]: every arena's
@@ -71,9 +73,9 @@ pub fn tune() {}
 const TCACHE_FLUSH: &[u8] = b"thread.tcache.flush\0";
 
 /// Returns the blocks the calling thread's cache holds to its arena. A thread that works in
-/// bursts (an NVML worker's cycle a second) calls it before it sleeps: its allocations within
-/// a burst take the cache, and no block waits in it between bursts (64 idle caches held
-/// 3.4 MiB on the 64-GPU node).
+/// bursts (the NVML collecting thread, a cycle a second) calls it before it sleeps: its
+/// allocations within a burst take the cache, and no block waits in it between bursts (with
+/// a thread per GPU, 64 idle caches held 3.4 MiB on the 64-GPU node).
 pub fn flush_thread_cache() {
     // SAFETY: a NUL-terminated name; the flush takes no value and returns none.
     unsafe {

@@ -140,7 +140,7 @@ impl Feature {
 
 impl Feature {
     /// The name's length and its first and last eight bytes with the index, mixed into a
-    /// word (not the whole name: the NVML workers look a feature up before every call; names
+    /// word (not the whole name: the NVML collector looks a feature up before every call; names
     /// that share all of these only share a bucket, and equality still compares the whole
     /// name). By the name's text, not its address: equal features need not share one.
     pub fn digest(&self) -> u64 {

@@ -155,7 +155,7 @@ fn mig_instances(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), Halt> {
 }
 
 /// The metrics of [`GPM_METRICS`] between two samples, under `feature`, through the request
-/// the GPU's thread keeps.
+/// the GPU's state keeps.
 fn metrics(
     ctx: &mut Ctx<'_>,
     feature: &'static str,

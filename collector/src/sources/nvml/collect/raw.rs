@@ -276,7 +276,7 @@ pub fn field_values(
         .collect())
 }
 
-/// The request `nvmlGpmMetricsGet` fills, kept by a GPU's thread from one call to the next:
+/// The request `nvmlGpmMetricsGet` fills, kept in a GPU's state from one call to the next:
 /// 8 KiB (room for every metric the header knows), of which a call writes and reads only the
 /// few it asks for. `nvml-wrapper`'s call zeroes it whole and copies each metric's three
 /// names into strings of its own, forty allocations a call that are thrown away.
