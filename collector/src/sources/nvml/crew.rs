@@ -19,7 +19,7 @@ use super::collect::{self, GpmState, V3Layout};
 use super::report;
 use super::worker::{self, Busy, Ctx, Start, Watched};
 use crate::model::health::{Action, Code};
-use crate::model::{GpuSlot, Group, HealthState, Model, lock};
+use crate::model::{GpuSlot, Group, Model, lock};
 use crate::shutdown::Shutdown;
 
 /// The running collection.
@@ -324,7 +324,7 @@ impl<'n> Crew<'n> {
     /// The watchdog's round: marks GPUs whose call has run past the deadline as stuck, and
     /// starts a thread for the others while every running thread is held.
     fn watch<'s>(&'s self, s: &'s Scope<'s, '_>) {
-        watchdog(&self.watched, self.sh.timeout, &self.sh.model);
+        worker::watchdog(&self.watched, self.sh.timeout, &self.sh.model);
         let want = (self.held() + 1).min(self.seats.len());
         let running = *lock(&self.running);
         if running < want {
@@ -490,41 +490,5 @@ impl Gpu<'_> {
             .copied()
             .unwrap_or(now + Duration::from_secs(1));
         Some(next.min(self.next_reprobe))
-    }
-}
-
-/// Marks GPUs whose current call has run past `timeout` as stuck (one log line each time).
-fn watchdog(watched: &[Watched], timeout: Duration, model: &Model) {
-    for (slot, busy) in watched {
-        let mut busy = lock(busy);
-        let Some((call, since)) = busy.call else {
-            continue;
-        };
-        if busy.stuck || since.elapsed() < timeout {
-            continue;
-        }
-        busy.stuck = true;
-        let uuid = {
-            let mut s = lock(slot);
-            if s.stuck.is_some() {
-                continue;
-            }
-            s.stuck = Some((call, since));
-            s.timeouts += 1;
-            tracing::error!(gpu = %s.info.uuid, call, timeout_ms = timeout.as_millis() as u64,
-                "NVML call is stuck past its deadline; this GPU's metrics are stale");
-            s.info.uuid.clone()
-        };
-        let why = format!(
-            "NVML call {call} did not return within {} ms",
-            timeout.as_millis()
-        );
-        model.raise(
-            &uuid,
-            Code::NvmlCallStuck,
-            HealthState::Degraded,
-            Action::None,
-            why,
-        );
     }
 }

@@ -348,3 +348,39 @@ pub(super) fn answers_again(ctx: &mut Ctx<'_>, retry_in: Duration) -> bool {
         }
     }
 }
+
+/// Marks GPUs whose current call has run past `timeout` as stuck (one log line each time).
+pub(super) fn watchdog(watched: &[Watched], timeout: Duration, model: &Model) {
+    for (slot, busy) in watched {
+        let mut busy = lock(busy);
+        let Some((call, since)) = busy.call else {
+            continue;
+        };
+        if busy.stuck || since.elapsed() < timeout {
+            continue;
+        }
+        busy.stuck = true;
+        let uuid = {
+            let mut s = lock(slot);
+            if s.stuck.is_some() {
+                continue;
+            }
+            s.stuck = Some((call, since));
+            s.timeouts += 1;
+            tracing::error!(gpu = %s.info.uuid, call, timeout_ms = timeout.as_millis() as u64,
+                "NVML call is stuck past its deadline; this GPU's metrics are stale");
+            s.info.uuid.clone()
+        };
+        let why = format!(
+            "NVML call {call} did not return within {} ms",
+            timeout.as_millis()
+        );
+        model.raise(
+            &uuid,
+            Code::NvmlCallStuck,
+            HealthState::Degraded,
+            Action::None,
+            why,
+        );
+    }
+}
