@@ -271,10 +271,19 @@ impl<'n> Crew<'n> {
                     // its health is not touched.
                     let why = crate::agent::panic_message(p);
                     tracing::error!(gpu = i, panic = %why, "NVML collection panicked; this GPU is no longer collected");
-                    if let Seat::Open(gpu) = &*seat
-                        && gpu.first_cycle
-                    {
-                        self.sh.finish();
+                    // The call it was in is over: the watchdog must not take it for a hang.
+                    match &mut *seat {
+                        Seat::Open(gpu) => {
+                            gpu.ctx.leave();
+                            if gpu.first_cycle {
+                                self.sh.finish();
+                            }
+                        }
+                        Seat::Closed { slot, busy, .. } => {
+                            worker::returned(busy, slot, &self.sh.model);
+                            self.sh.finish();
+                        }
+                        Seat::Done => {}
                     }
                     *seat = Seat::Done;
                     (None, false)
