@@ -75,9 +75,8 @@ impl Shared {
 
 /// Starts the collection, the watchdog and the thread that, once every GPU has had its first
 /// cycle (or `call_timeout_ms` × 8 + 5 s have passed), says the source is up and logs the
-/// start-up report. With `once`, every GPU is
-/// collected once, each on its own thread (no watchdog runs to hand a hung GPU's neighbours
-/// to another thread).
+/// start-up report. With `once`, every GPU is collected once, each on its own thread (no
+/// watchdog runs to hand a hung GPU's neighbours to another thread).
 pub fn start(
     nvml: Arc<Nvml>,
     model: Arc<Model>,
@@ -117,7 +116,8 @@ pub fn start(
     };
     if !once && handle.is_some() {
         let limit = shared.timeout * 8 + Duration::from_secs(5);
-        let _ = std::thread::Builder::new()
+        let model = shared.model.clone();
+        let spawned = std::thread::Builder::new()
             .name("nvml-report".into())
             .spawn(move || {
                 {
@@ -135,6 +135,11 @@ pub fn start(
                 shared.model.set_source_up("nvml", true);
                 report::startup(&slots);
             });
+        if let Err(e) = spawned {
+            // Without it nothing would say the source is up: say it now, unreported.
+            tracing::error!(error = %e, "cannot start the NVML start-up report thread; no start-up report");
+            model.set_source_up("nvml", true);
+        }
     }
     Workers {
         handle,

@@ -5,9 +5,9 @@
 //!
 //! How it fails: building fails loudly if the library cannot be loaded or initialised. Once
 //! running, one thread collects every GPU in turn: a call that returns `NOT_SUPPORTED` or is
-//! missing from the driver disables that feature (one NVLink link, fan or counter at a time) for that GPU,
-//! listed by `junction inventory`; NOT_SUPPORTED features are tried again when MIG mode or the
-//! GPU's state changes and every `reprobe_interval_secs`. A call that hangs past
+//! missing from the driver disables that feature (one NVLink link, fan or counter at a time)
+//! for that GPU, listed by `junction inventory`; NOT_SUPPORTED features are tried again when
+//! MIG mode or the GPU's state changes and every `reprobe_interval_secs`. A call that hangs past
 //! `call_timeout_ms` marks that GPU as stuck and the watchdog starts another thread for the
 //! other GPUs (one more for each GPU held); the watchdog reports every stuck GPU, but a
 //! driver defect that orphans a lock can hang every later call on every GPU
@@ -345,8 +345,7 @@ impl NvmlSource {
     }
 
     /// Starts the collecting thread (the source is up once every GPU has been read once), the
-    /// deadline watchdog and (with `xid_events`) the NVML
-    /// event thread.
+    /// deadline watchdog and (with `xid_events`) the NVML event thread.
     pub fn start(self, shutdown: Shutdown) -> Workers {
         if self.config.xid_events {
             let (nvml, model, sd) = (self.nvml.clone(), self.model.clone(), shutdown.clone());
