@@ -18,12 +18,14 @@
 //!   higher in the soak and 16 MiB higher on the 64-GPU node (71 threads); without any, each
 //!   allocation and free took an arena lock, 14 % of the agent's instructions on the 8-GPU
 //!   node (callgrind, a cycle and a scrape a second). The caches here hold at most 16 blocks
-//!   of a class, and only classes to 1 KiB (the samples, their strings, the NVML buffers),
-//!   and the NVML collecting thread hands its cache back before it sleeps
-//!   ([`flush_thread_cache`]), so that no idle cache holds blocks between cycles (with a
-//!   thread per GPU, 64 idle caches had): 82.2 M instructions over 20 s where
-//!   none took 102.7 M (99.7 M with the default caches), and the 64-GPU node's peak RSS
-//!   within the noise of none (31.5-33.2 MiB against 31.6-32.0, OTLP every second).
+//!   of a class, and only classes to 1 KiB (the samples, their strings, the NVML buffers).
+//!   With a thread per GPU the NVML threads also handed their caches back before they slept,
+//!   so that 64 idle caches held no blocks between cycles: 82.2 M instructions over 20 s
+//!   where no cache took 102.7 M (99.7 M with the default caches), and the 64-GPU node's
+//!   peak RSS within the noise of none (31.5-33.2 MiB against 31.6-32.0, OTLP every
+//!   second). One thread collects every GPU now, and its one cache is kept between cycles:
+//!   the hand-back and the refills after it cost 30 K instructions a cycle on the 8-GPU
+//!   node, for at most a few hundred KiB held.
 //! - [`release`], once start-up is done and then every [`RELEASE_EVERY`]: every arena's
 //!   unused pages are returned now (`arena.<all>.purge`), whichever thread freed them, then
 //!   `malloc_trim(0)` does the same for glibc's arenas.
@@ -68,26 +70,6 @@ pub fn tune() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn tune() {}
-
-/// `thread.tcache.flush`.
-const TCACHE_FLUSH: &[u8] = b"thread.tcache.flush\0";
-
-/// Returns the blocks the calling thread's cache holds to its arena. A thread that works in
-/// bursts (the NVML collecting thread, a cycle a second) calls it before it sleeps: its
-/// allocations within a burst take the cache, and no block waits in it between bursts (with
-/// a thread per GPU, 64 idle caches held 3.4 MiB on the 64-GPU node).
-pub fn flush_thread_cache() {
-    // SAFETY: a NUL-terminated name; the flush takes no value and returns none.
-    unsafe {
-        tikv_jemalloc_sys::mallctl(
-            TCACHE_FLUSH.as_ptr().cast(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            0,
-        );
-    }
-}
 
 /// Hands the unused pages of both allocators back to the kernel.
 pub fn release() {

@@ -22,15 +22,34 @@ fn reason(page: &str, gpu: &str, code: &str) -> Option<f64> {
 
 /// A process the host source takes for the fabric manager: root's, its executable named
 /// `nv-fabricmanager` (a copy of `sleep`).
-fn fabric_manager(dir: &std::path::Path) -> std::process::Child {
+fn fabric_manager(dir: &std::path::Path) -> FabricManager {
     let exe = dir.join("nv-fabricmanager");
     if !exe.exists() {
         std::fs::copy("/bin/sleep", &exe).expect("copy sleep");
     }
-    std::process::Command::new(&exe)
-        .arg("600")
-        .spawn()
-        .expect("start the fabric manager")
+    FabricManager(
+        std::process::Command::new(&exe)
+            .arg("600")
+            .spawn()
+            .expect("start the fabric manager"),
+    )
+}
+
+/// The test's fabric manager, killed when dropped: a failed assertion must not leave it
+/// running, where the next run's agent would find it and never see the manager down.
+struct FabricManager(std::process::Child);
+
+impl FabricManager {
+    fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for FabricManager {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 #[test]
@@ -201,8 +220,7 @@ fn a_gb200_tray_reports_its_fabric_and_modes_and_each_fault_raises_then_clears()
     );
     // The fabric manager stops: down on every GPU; started again: a restart, then clear.
     if let Some(f) = fm.as_mut() {
-        let _ = f.kill();
-        let _ = f.wait();
+        f.stop();
         agent.wait_for(Duration::from_secs(30), |m| {
             reason(m, &uuids[0], "fabric_manager_down") == Some(1.0)
         });
@@ -231,10 +249,7 @@ fn a_gb200_tray_reports_its_fabric_and_modes_and_each_fault_raises_then_clears()
         })
     });
     assert!(agent.terminate().success());
-    if let Some(mut f) = fm {
-        let _ = f.kill();
-        let _ = f.wait();
-    }
+    drop(fm);
 }
 
 fn nix_root() -> bool {

@@ -308,7 +308,6 @@ impl<'n> Crew<'n> {
             } else if self.replaced() {
                 return;
             }
-            crate::allocator::flush_thread_cache();
             let wait = next.map_or(Duration::from_secs(1), |t| {
                 t.saturating_duration_since(Instant::now())
             });
