@@ -6,91 +6,52 @@ use crate::model::REGISTRY;
 use crate::model::registry::LEGACY_PROMETHEUS_NAMES;
 use crate::model::view::View;
 
-use super::series::{Seen, Series};
-
 /// Renders the exposition text.
 pub fn render(families: &View<'_>, out: &mut String) {
-    // The label names mapped and the series written by earlier renders (a render running
-    // meanwhile maps and keeps its own).
-    let mut labels = std::mem::take(&mut *crate::model::lock(&LABELS));
-    render_with(families, out, &mut labels);
-    *crate::model::lock(&LABELS) = labels;
-}
-
-fn render_with(families: &View<'_>, out: &mut String, labels: &mut Labels) {
     let names = prometheus_names();
     let mut identities = Identities::default();
     let mut ids = IdLabels::default();
-    let series = &mut labels.series;
-    series.begin(names.as_ptr() as usize, names.len());
-    let mut seen = Seen::default();
-    // The metrics with no series now have none kept either.
-    let mut next = 0;
+    // The label names mapped by earlier renders (a render running meanwhile maps its own).
+    let mut labels = std::mem::take(&mut *crate::model::lock(&LABELS));
     for (i, samples) in families.iter() {
-        (next..i).for_each(|gone| series.truncate(gone, 0));
-        next = i + 1;
         let (name, header) = (names[i].0.as_str(), names[i].1.as_str());
         out.push_str(header);
-        for (n, &(id, s)) in samples.iter().enumerate() {
-            let start = out.len();
-            let open = start + name.len();
-            // `name{` and the series' own labels: as the last render wrote them where the
-            // series is the same, else written and kept.
-            let (own_id, mut first, names_identity) = match series.find(i, n, id, s, &mut seen) {
-                Some((kept, text)) => {
-                    out.push_str(text);
-                    (kept.own_id, !kept.labels, false)
+        for (id, s) in samples {
+            out.push_str(name);
+            let open = out.len();
+            out.push('{');
+            let mut first = true;
+            // One pass over the sample's keys: its own `hw.id` (a MIG instance's, a fan's),
+            // and whether it names an identity attribute itself.
+            let (mut own_id, mut names_identity) = (false, false);
+            for (k, _) in &s.attrs {
+                if *k == "hw.id" {
+                    own_id = true;
+                } else if k.starts_with("hw.") && crate::model::view::IDENTITY_KEYS.contains(k) {
+                    names_identity = true;
                 }
-                None => {
-                    out.push_str(name);
-                    out.push('{');
-                    let mut first = true;
-                    // One pass over the sample's keys: its own `hw.id` (a MIG instance's, a
-                    // fan's), and whether it names an identity attribute itself.
-                    let (mut own_id, mut names_identity) = (false, false);
-                    for (k, _) in &s.attrs {
-                        if *k == "hw.id" {
-                            own_id = true;
-                        } else if k.starts_with("hw.")
-                            && crate::model::view::IDENTITY_KEYS.contains(k)
-                        {
-                            names_identity = true;
+            }
+            let keys = &mut labels.keys;
+            if !id.is_empty() && !own_id {
+                out.push_str(ids.get(id, keys));
+                first = false;
+            }
+            for (k, v) in &s.attrs {
+                let known = match v {
+                    std::borrow::Cow::Borrowed(v) => labels.statics.get(k, v, &mut labels.keys),
+                    std::borrow::Cow::Owned(_) => None,
+                };
+                match known {
+                    Some(text) => {
+                        if !first {
+                            out.push(',');
                         }
-                    }
-                    let keys = &mut labels.keys;
-                    if !id.is_empty() && !own_id {
-                        out.push_str(ids.get(id, keys));
                         first = false;
+                        out.push_str(text);
                     }
-                    for (k, v) in &s.attrs {
-                        let known = match v {
-                            std::borrow::Cow::Borrowed(v) => {
-                                labels.statics.get(k, v, &mut labels.keys)
-                            }
-                            std::borrow::Cow::Owned(_) => None,
-                        };
-                        match known {
-                            Some(text) => {
-                                if !first {
-                                    out.push(',');
-                                }
-                                first = false;
-                                out.push_str(text);
-                            }
-                            None => write_label(out, &mut first, labels.keys.get(k), v),
-                        }
-                    }
-                    // A series that names an identity attribute itself and takes its GPU's
-                    // has the others added among its own, which can change: not kept.
-                    let varies = names_identity
-                        && !own_id
-                        && !id.is_empty()
-                        && crate::model::view::takes_identity(i);
-                    let made_of = (!varies).then_some((id, s, own_id, !first));
-                    series.keep(i, n, made_of, &out[start..], &mut seen);
-                    (own_id, first, names_identity)
+                    None => write_label(out, &mut first, labels.keys.get(k), v),
                 }
-            };
+            }
             let keys = &mut labels.keys;
             let extra = if own_id || id.is_empty() {
                 &[][..]
@@ -103,7 +64,6 @@ fn render_with(families: &View<'_>, out: &mut String, labels: &mut Labels) {
                     if !first {
                         out.push(',');
                     }
-                    first = false;
                     out.push_str(identities.get(extra, keys));
                 } else {
                     for (k, v) in extra {
@@ -113,7 +73,7 @@ fn render_with(families: &View<'_>, out: &mut String, labels: &mut Labels) {
                     }
                 }
             }
-            if first {
+            if out.len() == open + 1 {
                 // No label: `name value`, not `name{} value` (which some parsers refuse).
                 out.truncate(open);
                 out.push(' ');
@@ -123,10 +83,8 @@ fn render_with(families: &View<'_>, out: &mut String, labels: &mut Labels) {
             write_value(out, s.value);
             out.push('\n');
         }
-        series.truncate(i, samples.len());
     }
-    (next..names.len()).for_each(|gone| series.truncate(gone, 0));
-    series.end();
+    *crate::model::lock(&LABELS) = labels;
 }
 
 /// What renders map once for the process and keep: label names, and the text of labels whose
@@ -135,14 +93,12 @@ fn render_with(families: &View<'_>, out: &mut String, labels: &mut Labels) {
 struct Labels {
     keys: Keys,
     statics: Statics,
-    series: Series,
 }
 
 /// Kept across renders (a render running meanwhile maps its own).
 static LABELS: std::sync::Mutex<Labels> = std::sync::Mutex::new(Labels {
     keys: Keys::new(),
     statics: Statics::new(),
-    series: Series::new(),
 });
 
 /// At most this many constant labels are kept (there are a few hundred: enum values, link
@@ -526,139 +482,6 @@ mod tests {
             assert_eq!(statics.get(k, v, &mut keys), Some(plain.as_str()), "kept");
         }
         assert_eq!(statics.text.len(), 4);
-    }
-
-    /// A snapshot of GPUs (id, product name) with the given power samples each, and node
-    /// samples.
-    fn snapshot_of(gpus: &[(&str, &str, Vec<Sample>)], node: Vec<Sample>) -> Snapshot {
-        let model = Model::new();
-        for (uuid, name, samples) in gpus {
-            let slot = model.add_gpu(GpuInfo {
-                uuid: (*uuid).into(),
-                name: (*name).into(),
-                ..Default::default()
-            });
-            crate::model::lock(&slot).groups[crate::model::Group::Power.index()] =
-                std::sync::Arc::new(samples.clone());
-        }
-        Snapshot::of(
-            model.snapshot(),
-            None,
-            &[("nvml", true)],
-            vec![std::sync::Arc::new(node)],
-            &Default::default(),
-        )
-    }
-
-    /// Renders kept across a sequence of snapshots write what a first render of each writes,
-    /// and copy the text of the series that did not change.
-    #[test]
-    fn kept_series_text_is_what_a_first_render_writes() {
-        let power = |v: f64| Sample::new(Metric::Power, v).with("hw.type", "gpu");
-        let proc = |name: &str, pid: u32, mem: f64| {
-            Sample::new(Metric::ProcessMemory, mem)
-                .with("process.pid", pid.to_string())
-                .with("process.executable.name", name.to_string())
-        };
-        let node = |lost: f64| vec![Sample::new(Metric::KmsgLost, lost)];
-        let steps: Vec<Snapshot> = vec![
-            snapshot_of(
-                &[
-                    ("GPU-a", "H100", vec![power(1.0), proc("python", 1, 10.0)]),
-                    ("GPU-b", "H100", vec![power(2.0), proc("torchrun", 2, 20.0)]),
-                ],
-                node(0.0),
-            ),
-            // Values only: every series' text is kept.
-            snapshot_of(
-                &[
-                    ("GPU-a", "H100", vec![power(1.5), proc("python", 1, 11.0)]),
-                    ("GPU-b", "H100", vec![power(2.5), proc("torchrun", 2, 21.0)]),
-                ],
-                node(1.0),
-            ),
-            // A process renamed in place; one added before another.
-            snapshot_of(
-                &[
-                    ("GPU-a", "H100", vec![power(1.5), proc("pythoN", 1, 11.0)]),
-                    (
-                        "GPU-b",
-                        "H100",
-                        vec![
-                            power(2.5),
-                            proc("new\"one\n", 3, 1.0),
-                            proc("torchrun", 2, 21.0),
-                        ],
-                    ),
-                ],
-                node(1.0),
-            ),
-            // A GPU's identity changes; another GPU takes the first one's place.
-            snapshot_of(
-                &[
-                    ("GPU-c", "H100", vec![power(1.5), proc("pythoN", 1, 11.0)]),
-                    ("GPU-b", "H200", vec![power(2.5), proc("torchrun", 2, 21.0)]),
-                ],
-                node(1.0),
-            ),
-            // A series with its own hw.id, and one that names an identity attribute itself.
-            snapshot_of(
-                &[(
-                    "GPU-b",
-                    "H200",
-                    vec![
-                        power(2.5).with("hw.id", "GPU-b/fan0"),
-                        power(3.0).with("hw.model", "own model"),
-                    ],
-                )],
-                vec![],
-            ),
-            snapshot_of(
-                &[(
-                    "GPU-b",
-                    "H200",
-                    vec![
-                        power(2.5).with("hw.id", "GPU-b/fan0"),
-                        power(3.0).with("hw.model", "own model"),
-                    ],
-                )],
-                vec![],
-            ),
-        ];
-        let mut kept = Labels::default();
-        let mut pages = Vec::new();
-        for (n, snap) in steps.iter().enumerate() {
-            let view = snap.view();
-            let mut fresh = String::new();
-            render_with(&view, &mut fresh, &mut Labels::default());
-            let stale = kept.series.stale();
-            let mut page = String::new();
-            render_with(&view, &mut page, &mut kept);
-            assert_eq!(page, fresh, "step {n}");
-            if n == 1 {
-                assert_eq!(kept.series.stale(), stale, "nothing rewritten in step 1");
-                assert!(kept.series.live() > 8, "{}", kept.series.live());
-            }
-            pages.push(page);
-        }
-        assert!(
-            pages[2].contains(r#"process_executable_name="pythoN""#),
-            "{}",
-            pages[2]
-        );
-        assert!(
-            pages[2].contains(r#"process_executable_name="new\"one\n""#),
-            "{}",
-            pages[2]
-        );
-        assert!(pages[3].contains(r#"hw_id="GPU-c""#), "{}", pages[3]);
-        assert!(!pages[3].contains(r#"hw_id="GPU-a""#), "{}", pages[3]);
-        assert!(pages[3].contains(r#"hw_model="H200""#), "{}", pages[3]);
-        assert!(pages[5].contains(r#"hw_model="own model""#), "{}", pages[5]);
-        // What is kept is the last render's series, less the one that names an identity
-        // attribute itself: nothing of the metrics and GPUs gone.
-        let series = pages[5].lines().filter(|l| !l.starts_with('#')).count();
-        assert_eq!(kept.series.live(), series - 1, "{}", pages[5]);
     }
 
     #[test]

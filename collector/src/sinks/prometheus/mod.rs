@@ -5,7 +5,6 @@
 //! How it fails: a bind error fails `junction run` at start-up with the address in the message.
 
 pub mod encode;
-mod series;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
