@@ -486,3 +486,79 @@ fn a_call_held_past_its_deadline_hands_the_others_to_another_thread_until_it_ret
     );
     assert!(agent.terminate().success(), "SIGTERM exits 0");
 }
+
+/// A panic in one GPU's collection (a defect of Junction's; a debug build's failpoint makes
+/// it here, twice): it is counted in `junction_source_errors_total` with the GPU's `hw_id`
+/// and logged, the GPU is opened again after a backoff (1 s, then 2 s) and collected again,
+/// its verdict never moves, and the other GPUs never stop.
+#[test]
+fn a_gpu_whose_collection_panics_is_counted_and_opened_again() {
+    let port = support::free_port();
+    let mut agent = Agent::spawn_config_env(
+        "h100-training.toml",
+        &support::sim_config("current", port, ""),
+        &[("JUNCTION_FAILPOINT_NVML_PANIC", "2:2")],
+    );
+    let panics = |m: &str, gpu: &str| {
+        value(
+            &parse(m),
+            "junction_source_errors_total",
+            &[
+                ("junction_source", "nvml"),
+                ("junction_stage", "task"),
+                ("error_type", "panic"),
+                ("hw_id", gpu),
+            ],
+        )
+    };
+    let first = agent.wait_for(Duration::from_secs(30), |m| m.contains(support::NVML_UP));
+    let ids = support::uuids(&parse(&first));
+    let g2 = ids[2].clone();
+    // Opened again after 1 s, panics again, opened again after 2 s: then collected.
+    let collected = agent.wait_for(Duration::from_secs(30), |m| {
+        panics(m, &g2) == Some(2.0)
+            && value(
+                &parse(m),
+                "hw_energy_joules_total",
+                &[("hw_id", g2.as_str())],
+            )
+            .is_some()
+    });
+    let later = agent.wait_for(Duration::from_secs(10), |m| {
+        energy(m, &g2) > energy(&collected, &g2)
+    });
+    assert_eq!(panics(&later, &g2), Some(2.0), "two panics, no more");
+    for (i, g) in ids.iter().enumerate() {
+        assert_eq!(
+            value(
+                &parse(&later),
+                "hw_status",
+                &[("hw_id", g.as_str()), ("hw_state", "ok")]
+            ),
+            Some(1.0),
+            "GPU {i}'s verdict"
+        );
+        if i != 2 {
+            assert_eq!(panics(&later, g), None, "GPU {i}");
+            assert!(
+                energy(&later, g) > energy(&first, g),
+                "GPU {i} kept updating"
+            );
+        }
+    }
+    // Logged once a minute at most, like every failed read (the counter has each).
+    let log = agent.log();
+    assert_eq!(
+        log.matches("NVML collection of this GPU panicked; restarting it in 1s")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("JUNCTION_FAILPOINT_NVML_PANIC"), "{log}");
+    assert!(log.contains(&g2), "{log}");
+    // The source stays up: one GPU's panic is not the source's.
+    let health =
+        support::get(agent.port, "/healthz", Duration::from_secs(5)).expect("/healthz answers 200");
+    assert_eq!(health, "ok\n");
+    assert!(agent.terminate().success(), "SIGTERM exits 0");
+}

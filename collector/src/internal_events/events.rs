@@ -63,6 +63,39 @@ impl InternalEvent for NvmlCallFailed<'_> {
     }
 }
 
+/// A panic in one GPU's NVML collection (a defect of Junction's, not the GPU's): counted
+/// beside the components' panics, with the GPU's `hw.id`.
+pub struct NvmlCollectionPanicked<'a> {
+    /// The GPU's UUID.
+    pub gpu: &'a str,
+    /// The panic's message.
+    pub why: &'a str,
+    /// When the GPU is opened again (`None`: `junction once`, not again).
+    pub again: Option<std::time::Duration>,
+}
+
+impl InternalEvent for NvmlCollectionPanicked<'_> {
+    fn key(&self) -> Key {
+        Key {
+            source: "nvml",
+            stage: "task",
+            error_type: "panic",
+            subject: Subject::Gpu(self.gpu.to_string()),
+        }
+    }
+
+    fn log(&self, suppressed: u64) {
+        match self.again {
+            Some(wait) => {
+                tracing::error!(gpu = %self.gpu, panic = %self.why, suppressed, "NVML collection of this GPU panicked; restarting it in {wait:?} (its readings are held meanwhile, its health untouched)")
+            }
+            None => {
+                tracing::error!(gpu = %self.gpu, panic = %self.why, suppressed, "NVML collection of this GPU panicked; this GPU is not collected")
+            }
+        }
+    }
+}
+
 /// An NVML read that returned nonsense (ignored).
 pub struct NvmlImplausible<'a> {
     /// The GPU's UUID.

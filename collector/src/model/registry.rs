@@ -407,7 +407,7 @@ registry! {
     SourceUp = "junction.source.up", "{state}", Gauge, ["junction.source"], Status,
         "agent", "1 while a source is running and answering; a sink appears under its name only once it has panicked (0 while it is restarted, 1 after).";
     SourceErrors = "junction.source.errors", "{error}", Counter, ["junction.source", "junction.stage", "error.type", "junction.target"], Status,
-        "agent", "Failed reads per source, stage and kind, with the GPU (hw.id) or target (junction.target) they concern: an NVML call that returned an error, a kernel-log read, a Redfish resource, a BMC poll, the kubelet's List, a health-rule input; a source's or sink's panic (junction.stage task, error.type panic: it is restarted).";
+        "agent", "Failed reads per source, stage and kind, with the GPU (hw.id) or target (junction.target) they concern: an NVML call that returned an error, a kernel-log read, a Redfish resource, a BMC poll, the kubelet's List, a health-rule input; a source's or sink's panic (junction.stage task, error.type panic: it is restarted; with hw.id, one GPU's NVML collection, opened again).";
     Events = "junction.events", "{event}", Counter, ["event.name"], Status,
         "agent", "Events recorded in the event log (health transitions, XIDs, …) since the agent started.";
     SinkExports = "junction.sink.exports", "{export}", Counter, ["junction.sink", "junction.signal"], Status,

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use nvml_wrapper::Nvml;
 
 use super::NvmlConfig;
-use super::collect::{self, GpmState, V3Layout};
+use super::collect::V3Layout;
 use super::report;
-use super::worker::{self, Busy, Ctx, Start, Watched};
-use crate::model::health::{Action, Code};
+use super::seat::Seat;
+use super::worker::{self, Busy, Watched};
 use crate::model::{GpuSlot, Group, Model, lock};
 use crate::shutdown::Shutdown;
 
@@ -50,24 +50,24 @@ impl Workers {
 }
 
 /// What every collecting thread shares.
-struct Shared {
-    nvml: Arc<Nvml>,
-    model: Arc<Model>,
-    schedule: Vec<(Group, Duration)>,
-    max_processes: usize,
-    retry_max: Duration,
-    reprobe_every: Duration,
+pub(super) struct Shared {
+    pub nvml: Arc<Nvml>,
+    pub model: Arc<Model>,
+    pub schedule: Vec<(Group, Duration)>,
+    pub max_processes: usize,
+    pub retry_max: Duration,
+    pub reprobe_every: Duration,
     timeout: Duration,
-    layout: V3Layout,
+    pub layout: V3Layout,
     shutdown: Shutdown,
-    once: bool,
+    pub once: bool,
     done: Arc<(Mutex<usize>, Condvar)>,
-    reported: Arc<AtomicBool>,
+    pub reported: Arc<AtomicBool>,
 }
 
 impl Shared {
     /// One more GPU has had its first cycle (or has failed before it).
-    fn finish(&self) {
+    pub fn finish(&self) {
         *lock(&self.done.0) += 1;
         self.done.1.notify_all();
     }
@@ -149,32 +149,6 @@ pub fn start(
     }
 }
 
-/// One GPU: not opened yet, being collected, or finished with.
-enum Seat<'n> {
-    Closed {
-        index: u32,
-        slot: Arc<Mutex<GpuSlot>>,
-        busy: Arc<Mutex<Busy>>,
-    },
-    Open(Box<Gpu<'n>>),
-    Done,
-}
-
-/// An open GPU's context and schedule.
-struct Gpu<'n> {
-    ctx: Ctx<'n>,
-    /// When each group of the schedule is next due.
-    due: Vec<Instant>,
-    /// Each group's last sample count, to size the next batch without regrowing it.
-    sizes: Vec<usize>,
-    /// A group run again early (`Ctx::again_in`): when it is due after that, on its phase.
-    resume: Vec<Option<Instant>>,
-    next_reprobe: Instant,
-    first_cycle: bool,
-    /// While the GPU is failed: when to probe it next, and the wait that led there.
-    recovery: Option<(Instant, Duration)>,
-}
-
 /// The GPUs and the threads that collect them.
 struct Crew<'n> {
     sh: &'n Shared,
@@ -194,11 +168,7 @@ fn run(sh: &Shared, slots: Vec<Arc<Mutex<GpuSlot>>>) {
         .map(|(index, slot)| {
             let busy = Arc::new(Mutex::new(Busy::default()));
             watched.push((slot.clone(), busy.clone()));
-            Mutex::new(Seat::Closed {
-                index: index as u32,
-                slot,
-                busy,
-            })
+            Mutex::new(Seat::closed(index as u32, slot, busy))
         })
         .collect();
     let crew = Crew {
@@ -272,26 +242,8 @@ impl<'n> Crew<'n> {
                     seat.step(self.sh, now)
                 }));
                 let (at, held) = stepped.unwrap_or_else(|p| {
-                    // A defect of ours, not the GPU's: that GPU stops, the others go on, and
-                    // its health is not touched.
                     let why = crate::agent::panic_message(p);
-                    tracing::error!(gpu = i, panic = %why, "NVML collection panicked; this GPU is no longer collected");
-                    // The call it was in is over: the watchdog must not take it for a hang.
-                    match &mut *seat {
-                        Seat::Open(gpu) => {
-                            gpu.ctx.leave();
-                            if gpu.first_cycle {
-                                self.sh.finish();
-                            }
-                        }
-                        Seat::Closed { slot, busy, .. } => {
-                            worker::returned(busy, slot, &self.sh.model);
-                            self.sh.finish();
-                        }
-                        Seat::Done => {}
-                    }
-                    *seat = Seat::Done;
-                    (None, false)
+                    seat.panicked(self.sh, i as u32, &self.watched[i], &why)
                 });
                 drop(seat);
                 if let Some(at) = at {
@@ -343,165 +295,5 @@ impl<'n> Crew<'n> {
         if running < want {
             self.spawn(s, 0);
         }
-    }
-}
-
-impl<'n> Seat<'n> {
-    /// Does what is due on this GPU now. Returns when it is next due (`None`: never again)
-    /// and whether a call held this thread past the deadline.
-    fn step(&mut self, sh: &'n Shared, now: Instant) -> (Option<Instant>, bool) {
-        if let Seat::Closed { index, slot, busy } = self {
-            match open(sh, *index, slot.clone(), busy.clone(), now) {
-                Ok(gpu) => *self = Seat::Open(Box::new(gpu)),
-                Err(held) => {
-                    *self = Seat::Done;
-                    sh.finish();
-                    return (None, held);
-                }
-            }
-        }
-        let Seat::Open(gpu) = self else {
-            return (None, false);
-        };
-        let next = gpu.step(sh, now);
-        let held = std::mem::take(&mut gpu.ctx.held);
-        if next.is_none() {
-            *self = Seat::Done;
-        }
-        (next, held)
-    }
-}
-
-/// Opens a GPU's handle. A GPU that cannot be opened is marked unreachable for good (`Err`,
-/// with whether the call held the thread past the deadline).
-fn open<'n>(
-    sh: &'n Shared,
-    index: u32,
-    slot: Arc<Mutex<GpuSlot>>,
-    busy: Arc<Mutex<Busy>>,
-    now: Instant,
-) -> Result<Gpu<'n>, bool> {
-    worker::entered(&busy, "nvmlDeviceGetHandleByIndex");
-    let dev = sh.nvml.device_by_index(index);
-    let dev = match dev {
-        Ok(d) => d,
-        Err(e) => {
-            let held = worker::returned(&busy, &slot, &sh.model);
-            worker::mark_failed(
-                &sh.model,
-                &slot,
-                (
-                    Code::GpuUnreachable,
-                    Action::DrainAndService,
-                    format!("cannot open the GPU: {e}"),
-                ),
-            );
-            return Err(held);
-        }
-    };
-    let process_window = sh
-        .schedule
-        .iter()
-        .find(|(g, _)| *g == Group::Processes)
-        .map_or(Duration::from_secs(5), |(_, d)| *d);
-    let mut ctx = Ctx::new(Start {
-        nvml: &sh.nvml,
-        model: &sh.model,
-        dev,
-        slot,
-        busy,
-        max_processes: sh.max_processes,
-        process_window,
-        layout: sh.layout,
-        reported: sh.reported.clone(),
-    });
-    ctx.leave();
-    Ok(Gpu {
-        ctx,
-        due: sh.schedule.iter().map(|_| now).collect(),
-        sizes: sh.schedule.iter().map(|_| 16).collect(),
-        resume: sh.schedule.iter().map(|_| None).collect(),
-        next_reprobe: now + sh.reprobe_every,
-        first_cycle: true,
-        recovery: None,
-    })
-}
-
-impl Gpu<'_> {
-    /// Collects the groups that are due (or probes a failed GPU when its probe is due).
-    /// Returns when something is next due; `None` once there is nothing more to do.
-    fn step(&mut self, sh: &Shared, now: Instant) -> Option<Instant> {
-        if let Some((at, wait)) = self.recovery {
-            if at > now {
-                return Some(at);
-            }
-            let again = (wait * 2).min(sh.retry_max);
-            if !worker::answers_again(&mut self.ctx, again) {
-                let at = Instant::now() + again;
-                self.recovery = Some((at, again));
-                return Some(at);
-            }
-            self.recovery = None;
-            self.ctx.reprobe("the GPU answers again");
-            self.due.iter_mut().for_each(|d| *d = now);
-            self.resume.iter_mut().for_each(|r| *r = None);
-        }
-        if now >= self.next_reprobe {
-            self.ctx
-                .reprobe("periodic re-probe (sources.nvml.reprobe_interval_secs)");
-            self.next_reprobe = now + sh.reprobe_every;
-        }
-        // A group asked to run again early: the GPU's first cycle is done after that.
-        let mut early = false;
-        for (i, (group, interval)) in sh.schedule.iter().enumerate() {
-            if self.due[i] > now {
-                early |= self.resume[i].is_some();
-                continue;
-            }
-            let resume = self.resume[i].take();
-            let mut out = Vec::with_capacity(self.sizes[i]);
-            if let Err(halt) = collect::collect(*group, &mut self.ctx, &mut out) {
-                self.ctx.gpm = GpmState::default();
-                self.ctx.again_in = None;
-                let (code, action, why) = halt.reason();
-                worker::mark_failed(&sh.model, &self.ctx.slot, (code, action, why.into()));
-                if self.first_cycle || sh.once {
-                    self.first_cycle = false;
-                    sh.finish();
-                }
-                if sh.once {
-                    return None;
-                }
-                let wait = Duration::from_secs(1);
-                self.recovery = Some((now + wait, wait));
-                return Some(now + wait);
-            }
-            self.sizes[i] = out.len();
-            worker::publish(&self.ctx.slot, *group, out);
-            if let Some(gap) = self.ctx.again_in.take() {
-                self.resume[i] = Some(resume.unwrap_or(self.due[i] + *interval));
-                self.due[i] = now + gap;
-                early = true;
-                continue;
-            }
-            self.due[i] = resume.unwrap_or(self.due[i] + *interval);
-            if self.due[i] <= now {
-                self.due[i] = now + *interval;
-            }
-        }
-        if self.first_cycle && !early {
-            self.first_cycle = false;
-            sh.finish();
-            if sh.once {
-                return None;
-            }
-        }
-        let next = self
-            .due
-            .iter()
-            .min()
-            .copied()
-            .unwrap_or(now + Duration::from_secs(1));
-        Some(next.min(self.next_reprobe))
     }
 }

@@ -46,13 +46,30 @@ impl Disabled {
     }
 
     /// Enables `f` again.
+    #[cfg(test)]
     pub fn remove(&mut self, f: &Feature) {
         if self.map.remove(f).is_some() {
-            self.bits = [0; 16];
-            for f in self.map.keys() {
-                let (w, m) = Self::bit(f);
-                self.bits[w] |= m;
-            }
+            self.summarize();
+        }
+    }
+
+    /// Enables every feature disabled for `retry` again, and returns them (the summary is
+    /// made again once, not once a feature: a re-probe of an 18-link GPU enables a hundred).
+    pub fn take(&mut self, retry: Retry) -> Vec<Feature> {
+        let taken: Vec<Feature> = self.with(retry).collect();
+        if !taken.is_empty() {
+            self.map.retain(|_, r| *r != retry);
+            self.summarize();
+        }
+        taken
+    }
+
+    /// Makes the summary again from the map.
+    fn summarize(&mut self) {
+        self.bits = [0; 16];
+        for f in self.map.keys() {
+            let (w, m) = Self::bit(f);
+            self.bits[w] |= m;
         }
     }
 
@@ -127,6 +144,38 @@ mod tests {
         }
         assert_eq!(d.bits, [0; 16]);
         assert!(all.iter().all(|f| !d.contains(f)));
+    }
+
+    /// A re-probe takes every feature disabled for it at once and leaves the others, found as
+    /// before.
+    #[test]
+    fn a_reprobe_takes_its_features_and_leaves_the_others() {
+        let mut d = Disabled::default();
+        let mut never = Vec::new();
+        let mut reprobe = std::collections::HashSet::new();
+        for link in 0..18 {
+            for (i, name) in ["nvlink_error_ecc_data", "nvlink5_counters", "gpm"]
+                .into_iter()
+                .enumerate()
+            {
+                let f = Feature::at(name, link);
+                if i == 2 && link % 2 == 0 {
+                    d.insert(f, Retry::Never);
+                    never.push(f);
+                } else {
+                    d.insert(f, Retry::Reprobe);
+                    reprobe.insert(f);
+                }
+            }
+        }
+        let taken = d.take(Retry::Reprobe);
+        assert_eq!(taken.len(), reprobe.len());
+        assert!(taken.iter().all(|f| reprobe.contains(f) && !d.contains(f)));
+        assert!(never.iter().all(|f| d.contains(f)));
+        assert_eq!(d.with(Retry::Reprobe).count(), 0);
+        assert!(d.take(Retry::Reprobe).is_empty(), "nothing left to take");
+        assert_eq!(d.take(Retry::Never).len(), never.len());
+        assert_eq!(d.bits, [0; 16]);
     }
 
     /// The summary spreads the features of one GPU: with every link of three per-link

@@ -19,6 +19,7 @@ mod crew;
 mod disabled;
 mod events;
 mod report;
+mod seat;
 mod worker;
 
 use std::ffi::OsStr;

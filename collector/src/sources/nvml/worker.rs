@@ -239,14 +239,13 @@ impl<'n> Ctx<'n> {
     /// Tries every NOT_SUPPORTED feature again: MIG mode or the GPU's state changed, or the
     /// slow timer fired. A feature that is still unsupported is disabled again silently.
     pub fn reprobe(&mut self, why: &str) {
-        let again: Vec<Feature> = self.disabled.with(Retry::Reprobe).collect();
+        let again = self.disabled.take(Retry::Reprobe);
         if again.is_empty() {
             return;
         }
         tracing::debug!(gpu = %self.uuid, features = again.len(), why, "re-probing unsupported NVML features");
         let mut slot = lock(&self.slot);
         for f in again {
-            self.disabled.remove(&f);
             if slot.disabled.contains_key(&f) {
                 Arc::make_mut(&mut slot.disabled).remove(&f);
             }
