@@ -30,6 +30,8 @@ commands:
   bench --otlp      the OTLP export rows alone (beside a scrape of the same state); rewrites that
                     section of BENCHMARKS.md
   bench --fabric    the NIC and PCIe polls alone; rewrites that section of BENCHMARKS.md
+  bench --ebpf      the eBPF probes' cost and the every-source row (BPF programs built first);
+                    rewrites that section and that row of BENCHMARKS.md
   bench --kmsg      the kernel-log benchmarks alone; rewrites that section of BENCHMARKS.md
   bench --scale     the cost at 8 to 64 GPUs and 0 to 500 processes, checked for growing faster
                     than either; rewrites that section of BENCHMARKS.md
@@ -66,6 +68,7 @@ fn main() -> Result<()> {
         }
         "bench" if rest.iter().any(|a| a == "--bmc") => bench::run_bmc(),
         "bench" if rest.iter().any(|a| a == "--otlp") => bench::run_otlp(),
+        "bench" if rest.iter().any(|a| a == "--ebpf") => bench::run_ebpf(),
         "bench" if rest.iter().any(|a| a == "--scale") => {
             bench::run_scale(rest.iter().any(|a| a == "--smoke"))
         }

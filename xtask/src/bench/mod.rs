@@ -98,6 +98,9 @@ pub fn run(smoke: bool) -> Result<()> {
     };
     let lib = nvml_sim_profile(!smoke)?;
     let profile = if smoke { "debug" } else { "release" };
+    // The every-source row and the eBPF section need the BPF programs in the binary, which
+    // embeds them when they are built: without, both would measure an agent without eBPF.
+    crate::build_ebpf()?;
     let mut build = cargo();
     build.args(["build", "--quiet", "-p", "junction", "--bins", "--examples"]);
     if !smoke {
@@ -107,7 +110,7 @@ pub fn run(smoke: bool) -> Result<()> {
     let bin = root().join("target").join(profile).join("junction");
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
-    let mut results = junction_rows(&bin, &lib, &dir, window, false)?;
+    let mut results = junction_rows(&bin, &lib, &dir, window, Rows::All)?;
     let env = setup::test_dependencies()?;
     let exporter = env.python.with_file_name("nvitop-exporter");
     let child = Command::new(&exporter)
@@ -216,14 +219,23 @@ pub fn run(smoke: bool) -> Result<()> {
     scale::check(&scaled)
 }
 
-/// The junction rows (NVML and the sinks, each for `window`); with `otlp_only`, the rows the
-/// OTLP section reads (not the every-source row).
+/// Which of the first table's rows to run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    All,
+    /// The rows the OTLP section reads (not the every-source row, nor the full history's).
+    Otlp,
+    /// The every-source row alone.
+    AllSources,
+}
+
+/// The junction rows (NVML and the sinks, each for `window`), those `which` names.
 fn junction_rows(
     bin: &std::path::Path,
     lib: &std::path::Path,
     dir: &std::path::Path,
     window: Duration,
-    otlp_only: bool,
+    which: Rows,
 ) -> Result<Vec<Measurement>> {
     let mut results = Vec::new();
     let rows: [Row; 12] = [
@@ -325,7 +337,12 @@ fn junction_rows(
         ),
     ];
     for (label, scenario, gpus, port, scraped, compression) in rows {
-        if otlp_only && (label == ALL_SOURCES || label == FULL_HISTORY) {
+        let wanted = match which {
+            Rows::All => true,
+            Rows::Otlp => label != ALL_SOURCES && label != FULL_HISTORY,
+            Rows::AllSources => label == ALL_SOURCES,
+        };
+        if !wanted {
             continue;
         }
         let config = dir.join(format!("bench-{port}.toml"));
@@ -371,7 +388,7 @@ pub fn run_otlp() -> Result<()> {
     let bin = root().join("target/release/junction");
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
-    let results = junction_rows(&bin, &lib, &dir, Duration::from_secs(60), true)?;
+    let results = junction_rows(&bin, &lib, &dir, Duration::from_secs(60), Rows::Otlp)?;
     let section = otlp::report(&results, "cargo xtask bench --otlp");
     print!("{section}");
     replace_section("\n## OTLP export\n", &section)?;
@@ -611,16 +628,7 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
          |---|---|---|---|---|---|---|\n"
     ));
     for m in results {
-        out.push_str(&format!(
-            "| {} | {:.2} | {:.3} | {:.3} | {:.1} | {} | {} |\n",
-            m.label,
-            m.cpu_ms_per_cycle(),
-            m.core_percent(),
-            m.tick_cpu_secs * 100.0 / m.window.as_secs_f64(),
-            m.peak_rss_kib as f64 / 1024.0,
-            m.series,
-            m.scrapes
-        ));
+        out.push_str(&table_row(m));
     }
     if let (Some(j), Some(n)) = (
         results.first(),
@@ -642,6 +650,62 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
     }
     out.push_str(&otlp::report(results, "cargo xtask bench"));
     out
+}
+
+/// One row of the first table.
+fn table_row(m: &Measurement) -> String {
+    format!(
+        "| {} | {:.2} | {:.3} | {:.3} | {:.1} | {} | {} |\n",
+        m.label,
+        m.cpu_ms_per_cycle(),
+        m.core_percent(),
+        m.tick_cpu_secs * 100.0 / m.window.as_secs_f64(),
+        m.peak_rss_kib as f64 / 1024.0,
+        m.series,
+        m.scrapes
+    )
+}
+
+/// `cargo xtask bench --ebpf`: the eBPF section and the first table's every-source row
+/// (release build, the BPF programs built first); that section and that row of
+/// BENCHMARKS.md are replaced, the rest kept.
+pub fn run_ebpf() -> Result<()> {
+    let lib = nvml_sim_profile(true)?;
+    crate::build_ebpf()?;
+    run_cmd(cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "junction",
+        "--bins",
+        "--examples",
+    ]))?;
+    let bin = root().join("target/release/junction");
+    let dir = root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let figures = ebpf::run(&bin, false)?;
+    let section = ebpf::report(&figures);
+    let rows = junction_rows(&bin, &lib, &dir, Duration::from_secs(60), Rows::AllSources)?;
+    let row = rows
+        .first()
+        .map(table_row)
+        .context("the every-source row")?;
+    print!("{section}{row}");
+    replace_section("\n## eBPF probes\n", &section)?;
+    let path = root().join("BENCHMARKS.md");
+    let text = std::fs::read_to_string(&path)?;
+    let start = text
+        .find(&format!("\n| {ALL_SOURCES} |"))
+        .context("BENCHMARKS.md has no every-source row to replace")?
+        + 1;
+    let end = text[start..]
+        .find('\n')
+        .map_or(text.len(), |i| start + i + 1);
+    std::fs::write(&path, format!("{}{row}{}", &text[..start], &text[end..]))?;
+    crate::nvml_sim()?;
+    println!("wrote the eBPF section and the every-source row of BENCHMARKS.md");
+    Ok(())
 }
 
 /// Under every table of rows of the simulated node.
