@@ -504,17 +504,19 @@ pub fn run_bmc() -> Result<()> {
     Ok(())
 }
 
+/// The release build of `junction`'s `targets` (`--bins`, `--examples`).
+fn build_release(targets: &[&str]) -> Result<()> {
+    run_cmd(
+        cargo()
+            .args(["build", "--quiet", "--release", "-p", "junction"])
+            .args(targets),
+    )
+}
+
 /// `cargo xtask bench --fabric`: the nic and pcie polls alone, release build; that section
 /// of BENCHMARKS.md is replaced (or added), the rest kept.
 pub fn run_fabric() -> Result<()> {
-    run_cmd(cargo().args([
-        "build",
-        "--quiet",
-        "--release",
-        "-p",
-        "junction",
-        "--examples",
-    ]))?;
+    build_release(&["--examples"])?;
     let bin = root().join("target/release/junction");
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
@@ -672,15 +674,7 @@ fn table_row(m: &Measurement) -> String {
 pub fn run_ebpf() -> Result<()> {
     let lib = nvml_sim_profile(true)?;
     crate::build_ebpf()?;
-    run_cmd(cargo().args([
-        "build",
-        "--quiet",
-        "--release",
-        "-p",
-        "junction",
-        "--bins",
-        "--examples",
-    ]))?;
+    build_release(&["--bins", "--examples"])?;
     let bin = root().join("target/release/junction");
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
