@@ -384,7 +384,7 @@ fn junction_rows(
 /// each; that section of BENCHMARKS.md is replaced, the rest kept.
 pub fn run_otlp() -> Result<()> {
     let lib = nvml_sim_profile(true)?;
-    run_cmd(cargo().args(["build", "--quiet", "--release", "-p", "junction", "--bins"]))?;
+    build_release(&["--bins"])?;
     let bin = root().join("target/release/junction");
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
@@ -476,7 +476,7 @@ pub fn run_soak(minutes: f64) -> Result<()> {
     setup::test_dependencies()?;
     crate::build_ebpf()?;
     let lib = nvml_sim_profile(true)?;
-    run_cmd(cargo().args(["build", "--quiet", "--release", "-p", "junction", "--bins"]))?;
+    build_release(&["--bins"])?;
     let bin = root().join("target/release/junction");
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
@@ -493,7 +493,7 @@ pub fn run_soak(minutes: f64) -> Result<()> {
 /// `cargo xtask bench --bmc`: the BMC polls alone, with the release build; the BMC section
 /// of BENCHMARKS.md is replaced, the rest kept.
 pub fn run_bmc() -> Result<()> {
-    run_cmd(cargo().args(["build", "--quiet", "--release", "-p", "junction", "--bins"]))?;
+    build_release(&["--bins"])?;
     let bin = root().join("target/release/junction");
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
