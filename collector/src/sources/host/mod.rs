@@ -2,17 +2,17 @@
 //! which NVIDIA daemons run (`nvidia-persistenced`, `nv-fabricmanager`, `nvidia-imex`,
 //! `nv-hostengine`), read under `proc_root`.
 //!
-//! Who can write it: any process may name itself `nv-fabricmanager` (`prctl(PR_SET_NAME)`),
-//! so a daemon counts only when its process runs as root and its executable (or, where the
-//! link cannot be read, its `argv[0]`) has the daemon's name; a tenant's process cannot make
-//! a stopped fabric manager look alive. What is read is bounded: the daemons named here, the
-//! modules named here, the first 64 KiB of `/proc/modules`.
+//! Who can write it: any process may name itself `nv-fabricmanager`; `daemons` says why that
+//! does not make a stopped fabric manager look alive. What is read is bounded: the daemons
+//! named here, the modules named here, the first 64 KiB of `/proc/modules`, at most
+//! [`daemons::MAX_PROCESSES`] processes.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod daemons;
 pub mod fmlog;
 
 use crate::agent::{Component, Ctx};
@@ -36,9 +36,6 @@ pub const DAEMONS: &[&str] = &[
     "nvidia-imex",
     "nv-hostengine",
 ];
-
-/// Processes looked at per poll.
-const MAX_PROCESSES: usize = 65_536;
 
 config_section! {
     /// `[sources.host]`
@@ -117,6 +114,8 @@ pub struct State {
     daemons: BTreeMap<&'static str, Daemon>,
     /// Said once: the fabric manager log is not root's alone.
     fm_log_warned: bool,
+    /// The processes the last poll saw.
+    scan: daemons::Scan,
 }
 
 #[derive(Debug, Default)]
@@ -148,39 +147,6 @@ pub fn loaded_modules(text: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Which daemon the process `pid` under `proc` is, if any.
-fn daemon_of(proc: &Path, pid: &str) -> Option<&'static str> {
-    let dir = proc.join(pid);
-    let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
-    let comm = comm.trim_end();
-    // The kernel keeps 15 bytes of the name (TASK_COMM_LEN).
-    let name = DAEMONS
-        .iter()
-        .find(|d| d.get(..d.len().min(15)) == Some(comm))?;
-    let root = std::fs::read_to_string(dir.join("status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|u| u.split_whitespace().next().map(|r| r == "0"))
-        .unwrap_or(false);
-    if !root {
-        return None;
-    }
-    let base = |p: &str| p.rsplit('/').next().unwrap_or("").to_string();
-    let exe = std::fs::read_link(dir.join("exe"))
-        .ok()
-        .map(|p| base(&p.to_string_lossy()));
-    let argv0 = || {
-        std::fs::read(dir.join("cmdline")).ok().and_then(|c| {
-            c.split(|b| *b == 0)
-                .next()
-                .map(|a| base(&String::from_utf8_lossy(a)))
-        })
-    };
-    let named = exe.or_else(argv0)?;
-    (named == *name).then_some(name)
-}
-
 impl State {
     /// Reads the modules and the daemons and publishes them; false if the host has neither
     /// an NVIDIA module loaded nor an NVIDIA daemon running.
@@ -197,23 +163,7 @@ impl State {
                 .with("kernel.module", *m),
             );
         }
-        let mut running: BTreeMap<&'static str, u32> = BTreeMap::new();
-        if let Ok(dir) = std::fs::read_dir(proc) {
-            for e in dir.flatten().take(MAX_PROCESSES) {
-                let name = e.file_name();
-                let Some(pid) = name
-                    .to_str()
-                    .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-                else {
-                    continue;
-                };
-                if let Some(d) = daemon_of(proc, pid) {
-                    let pid: u32 = pid.parse().unwrap_or(0);
-                    let lowest = running.entry(d).or_insert(pid);
-                    *lowest = (*lowest).min(pid);
-                }
-            }
-        }
+        let running = self.scan.daemons(proc);
         for d in DAEMONS {
             let st = self.daemons.entry(d).or_default();
             st.update(running.get(d).copied());
@@ -259,30 +209,7 @@ mod tests {
     }
 
     #[test]
-    fn a_daemon_is_roots_and_named_by_its_executable() {
-        let proc = testkit::temp_dir().join("proc");
-        let mk = |pid: &str, comm: &str, uid: u32, argv0: &str| {
-            let d = proc.join(pid);
-            std::fs::create_dir_all(&d).expect("dir");
-            std::fs::write(d.join("comm"), format!("{comm}\n")).expect("comm");
-            std::fs::write(
-                d.join("status"),
-                format!("Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
-            )
-            .expect("status");
-            std::fs::write(d.join("cmdline"), format!("{argv0}\0-c\0x\0")).expect("cmdline");
-        };
-        mk("100", "nv-fabricmanage", 0, "/usr/bin/nv-fabricmanager");
-        mk(
-            "200",
-            "nvidia-persiste",
-            1000,
-            "/usr/bin/nvidia-persistenced",
-        );
-        mk("300", "nvidia-imex", 0, "/tmp/not-imex");
-        assert_eq!(daemon_of(&proc, "100"), Some("nv-fabricmanager"));
-        assert_eq!(daemon_of(&proc, "200"), None, "not root");
-        assert_eq!(daemon_of(&proc, "300"), None, "its executable is another");
+    fn the_loaded_modules_are_the_first_word_of_each_line() {
         assert_eq!(
             loaded_modules(
                 "nvidia_uvm 1896448 0 - Live 0x0000000000000000 (POE)\nnvidia 56811520 1 nvidia_uvm, Live 0x0 (POE)\n"
