@@ -29,6 +29,8 @@ commands:
   bench --bmc       the BMC polls alone; rewrites BENCHMARKS.md's BMC section
   bench --otlp      the OTLP export rows alone (beside a scrape of the same state); rewrites that
                     section of BENCHMARKS.md
+  bench --cpu       the first table (every junction row beside nvitop-exporter) and the OTLP
+                    section, which reads the same rows; rewrites both in BENCHMARKS.md
   bench --fabric    the NIC and PCIe polls alone; rewrites that section of BENCHMARKS.md
   bench --ebpf      the eBPF probes' cost and the every-source row (BPF programs built first);
                     rewrites that section and that row of BENCHMARKS.md
@@ -68,6 +70,7 @@ fn main() -> Result<()> {
         }
         "bench" if rest.iter().any(|a| a == "--bmc") => bench::run_bmc(),
         "bench" if rest.iter().any(|a| a == "--otlp") => bench::run_otlp(),
+        "bench" if rest.iter().any(|a| a == "--cpu") => bench::run_cpu(),
         "bench" if rest.iter().any(|a| a == "--ebpf") => bench::run_ebpf(),
         "bench" if rest.iter().any(|a| a == "--scale") => {
             bench::run_scale(rest.iter().any(|a| a == "--smoke"))

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use super::scraper::Scraper;
 use crate::root;
 
 /// How a measured process is scraped in its window.
@@ -103,7 +104,8 @@ pub(super) fn spawn_junction_logged(
 }
 
 /// Waits for `/metrics`, then scrapes it once a second (or not, with `scraped` false) for
-/// `window` and reads the process's CPU time and peak RSS from /proc.
+/// `window`, over one kept HTTP/1.1 connection as Prometheus does, and reads the process's
+/// CPU time and peak RSS from /proc.
 pub(super) fn measure(
     label: &str,
     mut child: Child,
@@ -137,6 +139,13 @@ pub(super) fn measure(
         } else {
             0
         };
+        // The window's scrapes keep one connection, as Prometheus's do: opened here.
+        let mut scraper = Scraper::new(port);
+        match scraped {
+            Scrape::No => 0,
+            Scrape::Text => scraper.get(false)?,
+            Scrape::Gzip => scraper.get(true)?,
+        };
         let acct = CpuAcct::attach(pid);
         let acct0 = acct.as_ref().and_then(CpuAcct::secs);
         let cpu0 = cpu_secs(pid)?;
@@ -148,11 +157,11 @@ pub(super) fn measure(
             match scraped {
                 Scrape::No => {}
                 Scrape::Text => {
-                    scrape(port)?;
+                    scraper.get(false)?;
                     scrapes += 1;
                 }
                 Scrape::Gzip => {
-                    scrape_gzip(port)?;
+                    scraper.get(true)?;
                     scrapes += 1;
                 }
             }

@@ -18,6 +18,7 @@ mod kmsg;
 mod measure;
 mod otlp;
 mod scale;
+mod scraper;
 mod smaps;
 mod soak;
 
@@ -27,6 +28,12 @@ use measure::{Measurement, Scrape, measure, scrape, spawn_junction, spawn_juncti
 /// health) besides NVML.
 const ALL_SOURCES: &str =
     "junction, 8 GPUs, every default source as root (+ eBPF, kernel log; scraped)";
+
+/// The sources turned off where a row measures NVML and the sinks alone (what nvitop-exporter
+/// does): every other source a root agent runs by default (eBPF attribution, the kernel log,
+/// the NVIDIA modules and daemons under /proc, the NIC and PCIe polls, the kubelet's pods).
+/// The every-source row and the sections below measure those.
+pub(crate) const NVML_ONLY: &str = "\n[sources.ebpf]\nenabled = false\n\n[sources.kmsg]\nenabled = false\n\n[sources.host]\nenabled = false\n\n[sources.nic]\nenabled = false\n\n[sources.pcie]\nenabled = false\n\n[sources.kubernetes]\nenabled = false\n";
 
 /// The row that starts on an event history at its size bound, as a node's is after weeks.
 const FULL_HISTORY: &str =
@@ -111,32 +118,7 @@ pub fn run(smoke: bool) -> Result<()> {
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let mut results = junction_rows(&bin, &lib, &dir, window, Rows::All)?;
-    let env = setup::test_dependencies()?;
-    let exporter = env.python.with_file_name("nvitop-exporter");
-    let child = Command::new(&exporter)
-        .env(
-            "LD_LIBRARY_PATH",
-            lib.parent().context("simulator directory")?,
-        )
-        .env(
-            "JUNCTION_NVML_SIM_SCENARIO",
-            root().join("tests/scenarios/h100-training.toml"),
-        )
-        .args([
-            "--bind-address",
-            "127.0.0.1",
-            "--port",
-            "19483",
-            "--interval",
-            "1.0",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting nvitop-exporter")?;
-    let mut m = measure("nvitop-exporter 1.7.2, 8 GPUs", child, 19483, window, true)?;
-    m.gpus = 8;
-    results.push(m);
+    results.push(nvitop_row(&lib, window)?);
 
     let compat = dcgm::run(&bin, &lib, window, &dir)?;
     let kmsg = kmsg::run(&bin, &lib, smoke, &dir)?;
@@ -169,7 +151,12 @@ pub fn run(smoke: bool) -> Result<()> {
     } else {
         crate::fuzz::run_all(u64::MAX / 2, fuzz_secs)?
     };
-    let mut report = report(&results, window, smoke, profile);
+    let command = if smoke {
+        "cargo xtask bench --smoke"
+    } else {
+        "cargo xtask bench"
+    };
+    let mut report = report(&results, window, command, profile);
     report.push_str(&dcgm::report(&compat));
     report.push_str(&kmsg::report(&kmsg));
     report.push_str(&ebpf::report(&ebpf));
@@ -217,6 +204,36 @@ pub fn run(smoke: bool) -> Result<()> {
         crate::nvml_sim()?;
     }
     scale::check(&scaled)
+}
+
+/// nvitop-exporter on the simulated 8-GPU node for `window`, scraped once a second.
+fn nvitop_row(lib: &std::path::Path, window: Duration) -> Result<Measurement> {
+    let env = setup::test_dependencies()?;
+    let exporter = env.python.with_file_name("nvitop-exporter");
+    let child = Command::new(&exporter)
+        .env(
+            "LD_LIBRARY_PATH",
+            lib.parent().context("simulator directory")?,
+        )
+        .env(
+            "JUNCTION_NVML_SIM_SCENARIO",
+            root().join("tests/scenarios/h100-training.toml"),
+        )
+        .args([
+            "--bind-address",
+            "127.0.0.1",
+            "--port",
+            "19483",
+            "--interval",
+            "1.0",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting nvitop-exporter")?;
+    let mut m = measure("nvitop-exporter 1.7.2, 8 GPUs", child, 19483, window, true)?;
+    m.gpus = 8;
+    Ok(m)
 }
 
 /// Which of the first table's rows to run.
@@ -352,9 +369,7 @@ fn junction_rows(
         }
         text.push_str(&sim_config(lib, &format!("127.0.0.1:{port}"), 1));
         if label != ALL_SOURCES {
-            // NVML and the sinks alone (what nvitop-exporter does): the eBPF and kernel-log
-            // sources, on by default as root, are measured in the last row and sections below.
-            text.push_str("\n[sources.ebpf]\nenabled = false\n\n[sources.kmsg]\nenabled = false\n");
+            text.push_str(NVML_ONLY);
         }
         let sink = match compression {
             Some(c) => {
@@ -394,6 +409,36 @@ pub fn run_otlp() -> Result<()> {
     replace_section("\n## OTLP export\n", &section)?;
     crate::nvml_sim()?;
     println!("wrote the OTLP section of BENCHMARKS.md");
+    Ok(())
+}
+
+/// `cargo xtask bench --cpu`: the first table (every junction row, nvitop-exporter's) and the
+/// OTLP section, which reads the same rows; release build, the BPF programs built first (the
+/// every-source row measures eBPF), one minute each. BENCHMARKS.md from its start to the end
+/// of the OTLP section is replaced, the rest kept.
+pub fn run_cpu() -> Result<()> {
+    let lib = nvml_sim_profile(true)?;
+    crate::build_ebpf()?;
+    build_release(&["--bins"])?;
+    let bin = root().join("target/release/junction");
+    let dir = root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let window = Duration::from_secs(60);
+    let mut results = junction_rows(&bin, &lib, &dir, window, Rows::All)?;
+    results.push(nvitop_row(&lib, window)?);
+    let head = report(&results, window, "cargo xtask bench --cpu", "release");
+    print!("{head}");
+    let path = root().join("BENCHMARKS.md");
+    let text = std::fs::read_to_string(&path)?;
+    let otlp = text
+        .find("\n## OTLP export\n")
+        .context("BENCHMARKS.md has no OTLP section")?;
+    let end = text[otlp + 1..]
+        .find("\n## ")
+        .map_or(text.len(), |i| otlp + 1 + i);
+    std::fs::write(&path, format!("{head}{}", &text[end..]))?;
+    crate::nvml_sim()?;
+    println!("wrote the first table and the OTLP section of BENCHMARKS.md");
     Ok(())
 }
 
@@ -606,22 +651,25 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), Linux {}", kernel.trim())
 }
 
-fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str) -> String {
+fn report(results: &[Measurement], window: Duration, command: &str, profile: &str) -> String {
     let mut out = String::from("# Benchmarks\n\n");
     out.push_str(&format!(
-        "Command: `cargo xtask bench{}`; {profile} build; machine: {}; measured over {} s after a 2 s warm-up.\n\n",
-        if smoke { " --smoke" } else { "" },
+        "Command: `{command}`; {profile} build; machine: {}; measured over {} s after a 2 s warm-up.\n\n",
         machine(),
         window.as_secs()
     ));
     out.push_str(&format!(
         "Every NVML group at a 1 s interval against the NVML simulator (`tests/scenarios/`, a {profile} build of\n\
          `tests/nvml-sim` that runs inside the measured process, so its cost is counted), `/metrics` scraped\n\
-         once a second by the benchmark. CPU is the process's CPU time, threads that exited included,\n\
+         once a second by the benchmark over one kept HTTP/1.1 connection, as Prometheus scrapes (a\n\
+         server that answers HTTP/1.0 and closes, as nvitop-exporter's does, is connected to anew each\n\
+         time). CPU is the process's CPU time, threads that exited included,\n\
          from a cpuacct cgroup of its own (`cpuacct.usage`, nanoseconds); the ticks column is user +\n\
          system time from `/proc/PID/stat` (10 ms ticks) as a cross-check. Peak RSS is `VmHWM` (for the\n\
          last row it includes the BPF ring buffer Junction maps). Every row but the last runs NVML and the\n\
-         sinks only (eBPF and kernel-log sources off), like the peer. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
+         sinks only, like the peer: the other sources on by default (eBPF, the kernel log, the NVIDIA\n\
+         modules and daemons under /proc, the NIC and PCIe polls, the kubelet's pods) are off, and are\n\
+         measured in the last row. nvitop-exporter runs on the same simulator (its pynvml loads it through\n\
          `LD_LIBRARY_PATH`) at `--interval 1.0`. Each row's agent starts on an empty state directory of\n\
          its own, but one: that row's holds an event history at its size bound (4 MiB of XIDs, about\n\
          19,000 lines, from eight GPUs over 30 boots), which the agent reads and rewrites at start, as it\n\
@@ -650,7 +698,7 @@ fn report(results: &[Measurement], window: Duration, smoke: bool, profile: &str)
             j.peak_rss_kib as f64 / 1024.0
         ));
     }
-    out.push_str(&otlp::report(results, "cargo xtask bench"));
+    out.push_str(&otlp::report(results, command));
     out
 }
 

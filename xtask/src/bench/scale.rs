@@ -114,7 +114,7 @@ fn run_once(bin: &Path, lib: &Path, dir: &Path, window: Duration, pass: u32) -> 
         let config = dir.join(format!("scale-{port}.toml"));
         let mut text = super::fresh_state(dir, port)?;
         text.push_str(&sim_config(lib, &format!("127.0.0.1:{port}"), 1));
-        text.push_str("\n[sources.ebpf]\nenabled = false\n\n[sources.kmsg]\nenabled = false\n");
+        text.push_str(super::NVML_ONLY);
         std::fs::write(&config, text)?;
         let label = format!("{gpus} GPUs, {} processes", processes.unwrap_or(2 * gpus));
         let child = spawn_junction(bin, &scenario, &config)?;
