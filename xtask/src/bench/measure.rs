@@ -141,11 +141,9 @@ pub(super) fn measure(
         };
         // The window's scrapes keep one connection, as Prometheus's do: opened here.
         let mut scraper = Scraper::new(port);
-        match scraped {
-            Scrape::No => 0,
-            Scrape::Text => scraper.get(false)?,
-            Scrape::Gzip => scraper.get(true)?,
-        };
+        if scraped != Scrape::No {
+            scraper.get(scraped == Scrape::Gzip)?;
+        }
         let acct = CpuAcct::attach(pid);
         let acct0 = acct.as_ref().and_then(CpuAcct::secs);
         let cpu0 = cpu_secs(pid)?;

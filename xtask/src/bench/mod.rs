@@ -192,9 +192,7 @@ pub fn run(smoke: bool) -> Result<()> {
                 let Some(start) = old.find(heading) else {
                     continue;
                 };
-                let end = old[start + 1..]
-                    .find("\n## ")
-                    .map_or(old.len(), |i| start + 1 + i);
+                let end = section_end(&old, start);
                 report.push_str(&old[start..end]);
             }
         }
@@ -433,9 +431,7 @@ pub fn run_cpu() -> Result<()> {
     let otlp = text
         .find("\n## OTLP export\n")
         .context("BENCHMARKS.md has no OTLP section")?;
-    let end = text[otlp + 1..]
-        .find("\n## ")
-        .map_or(text.len(), |i| otlp + 1 + i);
+    let end = section_end(&text, otlp);
     std::fs::write(&path, format!("{head}{}", &text[end..]))?;
     crate::nvml_sim()?;
     println!("wrote the first table and the OTLP section of BENCHMARKS.md");
@@ -614,15 +610,21 @@ pub fn run_kmsg() -> Result<()> {
     Ok(())
 }
 
+/// Where the section whose heading (`\n## …`) starts at `start` ends: at the next heading, or
+/// the end of `text`.
+fn section_end(text: &str, start: usize) -> usize {
+    text[start + 1..]
+        .find("\n## ")
+        .map_or(text.len(), |i| start + 1 + i)
+}
+
 /// Replaces the BENCHMARKS.md section that starts with `heading` (appends it if absent).
 fn replace_section(heading: &str, section: &str) -> Result<()> {
     let path = root().join("BENCHMARKS.md");
     let text = std::fs::read_to_string(&path)?;
     let out = match text.find(heading) {
         Some(start) => {
-            let end = text[start + 1..]
-                .find("\n## ")
-                .map_or(text.len(), |i| start + 1 + i);
+            let end = section_end(&text, start);
             format!("{}{}{}", &text[..start], section, &text[end..])
         }
         None => format!(

@@ -12,17 +12,11 @@ use anyhow::{Context, Result, bail};
 pub(super) struct Scraper {
     port: u16,
     conn: Option<BufReader<TcpStream>>,
-    /// Connections opened.
-    pub(super) connects: u32,
 }
 
 impl Scraper {
     pub(super) fn new(port: u16) -> Self {
-        Self {
-            port,
-            conn: None,
-            connects: 0,
-        }
+        Self { port, conn: None }
     }
 
     /// GET `/metrics` (asking for gzip with `gzip`); the body's bytes. A connection kept from
@@ -42,7 +36,6 @@ impl Scraper {
             let s = TcpStream::connect(("127.0.0.1", self.port))?;
             s.set_read_timeout(Some(Duration::from_secs(5)))?;
             self.conn = Some(BufReader::with_capacity(64 * 1024, s));
-            self.connects += 1;
         }
         let conn = self.conn.as_mut().context("a connection")?;
         write!(

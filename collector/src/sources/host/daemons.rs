@@ -17,6 +17,7 @@ use std::os::unix::fs::DirEntryExt as _;
 use std::path::{Path, PathBuf};
 
 use super::DAEMONS;
+use crate::model::processes::basename;
 
 /// Processes looked at per poll (and so the most remembered).
 pub const MAX_PROCESSES: usize = 65_536;
@@ -77,7 +78,7 @@ impl Scan {
                         *at = self.scan;
                         self.comm(proc, pid.0)
                     }
-                    None => match self.stat(proc, pid.0) {
+                    None => match self.stat(proc, pid.0, pid.1) {
                         Some((kind, comm)) => {
                             self.seen.insert(key, (kind, self.scan));
                             if kind == Kind::Kernel {
@@ -122,14 +123,15 @@ impl Scan {
         Some(Comm::new(text.strip_suffix(b"\n").unwrap_or(text)))
     }
 
-    /// Whether the process is a kernel thread, and its name, from `stat`.
-    fn stat(&mut self, proc: &Path, pid: &str) -> Option<(Kind, Comm)> {
+    /// Whether the process `pid` (`name` under `proc`) is a kernel thread, and its name, from
+    /// `stat`.
+    fn stat(&mut self, proc: &Path, name: &str, pid: u32) -> Option<(Kind, Comm)> {
         #[cfg(test)]
         {
             self.opened += 1;
         }
         let mut buf = [0u8; 1024];
-        let text = read_small(self.at(proc, pid, "stat"), &mut buf)?;
+        let text = read_small(self.at(proc, name, "stat"), &mut buf)?;
         // `pid (comm) state ppid pgrp session tty_nr tpgid flags …`; the name may hold
         // spaces and parentheses, so it ends at the last ')'.
         let open = text.iter().position(|b| *b == b'(')?;
@@ -139,7 +141,6 @@ impl Scan {
         let mut fields = rest.split_ascii_whitespace();
         let ppid: u32 = fields.nth(1)?.parse().ok()?;
         let flags: u64 = fields.nth(4)?.parse().ok()?;
-        let pid: u32 = pid.parse().ok()?;
         let kernel = flags & PF_KTHREAD != 0 && (pid == KTHREADD || ppid == KTHREADD);
         Some((if kernel { Kind::Kernel } else { Kind::User }, comm))
     }
@@ -209,7 +210,7 @@ fn is_daemon(proc: &Path, pid: &str, name: &str) -> bool {
     if !root {
         return false;
     }
-    let base = |p: &str| p.rsplit('/').next().unwrap_or("").to_string();
+    let base = |p: &str| basename(p).to_string();
     let exe = std::fs::read_link(dir.join("exe"))
         .ok()
         .map(|p| base(&p.to_string_lossy()));
