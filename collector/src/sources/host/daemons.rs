@@ -7,9 +7,14 @@
 //!
 //! What a poll costs: one directory read, and one small read (`comm`) of each process that is
 //! not a kernel thread. Kernel threads, which on a many-core GPU node are most of `/proc` (a
-//! few per CPU), are told once by their `stat` (`PF_KTHREAD`, started by `kthreadd`) and then
-//! known by their pid and `/proc` inode without being opened: a kernel thread never becomes
-//! another program, and a new process under a pid gets a new inode.
+//! few per CPU), are told by their `stat` (`PF_KTHREAD`, a child of `kthreadd`) at two polls,
+//! then known by their pid and `/proc` inode without being opened: a kernel thread that runs
+//! past one poll never becomes another program, and a new process under a pid gets a new
+//! inode. Two polls, because one kind of task looks like a kernel thread for its first moments
+//! and then does `exec` a program: an asynchronous usermode helper on kernels that start it
+//! with `kernel_thread(…, CLONE_PARENT)` from a kworker (`kernel/umh.c`, before
+//! `user_mode_thread`), which has the kworker's `PF_KTHREAD` and kthreadd for its parent until
+//! `exec` clears the flag.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read as _;
@@ -31,8 +36,10 @@ const KTHREADD: u32 = 2;
 /// What a process was found to be, by pid and `/proc` inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// Started by `kthreadd`: never a daemon, never opened again.
+    /// A kernel thread at two polls: never a daemon, never opened again.
     Kernel,
+    /// A kernel thread at one poll: read again at the next.
+    NewKernel,
     /// Any other: its name is read at every poll (it may `exec` a daemon).
     User,
 }
@@ -69,19 +76,25 @@ impl Scan {
                     continue;
                 };
                 let key = (pid.1, e.ino());
-                let comm = match self.seen.get_mut(&key) {
-                    Some((Kind::Kernel, at)) => {
+                let prior = match self.seen.get_mut(&key) {
+                    Some((kind, at)) => {
                         *at = self.scan;
-                        continue;
+                        Some(*kind)
                     }
-                    Some((Kind::User, at)) => {
-                        *at = self.scan;
-                        self.comm(proc, pid.0)
-                    }
-                    None => match self.stat(proc, pid.0, pid.1) {
-                        Some((kind, comm)) => {
+                    None => None,
+                };
+                let comm = match prior {
+                    Some(Kind::Kernel) => continue,
+                    Some(Kind::User) => self.comm(proc, pid.0),
+                    Some(Kind::NewKernel) | None => match self.stat(proc, pid.0, pid.1) {
+                        Some((kernel, comm)) => {
+                            let kind = match (kernel, prior) {
+                                (true, Some(Kind::NewKernel)) => Kind::Kernel,
+                                (true, _) => Kind::NewKernel,
+                                (false, _) => Kind::User,
+                            };
                             self.seen.insert(key, (kind, self.scan));
-                            if kind == Kind::Kernel {
+                            if kernel {
                                 continue;
                             }
                             Some(comm)
@@ -123,9 +136,9 @@ impl Scan {
         Some(Comm::new(text.strip_suffix(b"\n").unwrap_or(text)))
     }
 
-    /// Whether the process `pid` (`name` under `proc`) is a kernel thread, and its name, from
-    /// `stat`.
-    fn stat(&mut self, proc: &Path, name: &str, pid: u32) -> Option<(Kind, Comm)> {
+    /// Whether the process `pid` (`name` under `proc`) is a kernel thread now, and its name,
+    /// from `stat`.
+    fn stat(&mut self, proc: &Path, name: &str, pid: u32) -> Option<(bool, Comm)> {
         #[cfg(test)]
         {
             self.opened += 1;
@@ -142,7 +155,7 @@ impl Scan {
         let ppid: u32 = fields.nth(1)?.parse().ok()?;
         let flags: u64 = fields.nth(4)?.parse().ok()?;
         let kernel = flags & PF_KTHREAD != 0 && (pid == KTHREADD || ppid == KTHREADD);
-        Some((if kernel { Kind::Kernel } else { Kind::User }, comm))
+        Some((kernel, comm))
     }
 }
 
@@ -284,21 +297,38 @@ mod tests {
         assert_eq!(scan.daemons(&proc), running);
     }
 
-    /// A kernel thread is read once; a process is read at every scan, so that one that
-    /// `exec`s a daemon under the pid it had is found; a pid gone is forgotten.
+    /// A kernel thread is read at two scans, then not again; a process is read at every scan,
+    /// so that one that `exec`s a daemon under the pid it had is found, as is a usermode
+    /// helper that looked like a kernel thread at the first; a pid gone is forgotten.
     #[test]
-    fn kernel_threads_are_read_once_and_processes_every_time() {
+    fn kernel_threads_are_read_twice_and_processes_every_time() {
         let proc = testkit::temp_dir().join("proc");
         process(&proc, 2, "kthreadd", 0, "", Some(0));
         for pid in 3..40 {
             process(&proc, pid, "kworker/0:1", 0, "", Some(2));
         }
+        // A usermode helper before its exec: the kworker's flags, kthreadd its parent.
+        process(&proc, 41, "kworker/u4:0", 0, "", Some(2));
         process(&proc, 500, "bash", 0, "/bin/bash", None);
         let mut scan = Scan::default();
         assert!(scan.daemons(&proc).is_empty());
-        assert_eq!(scan.opened, 39, "each one's stat");
-        assert!(scan.daemons(&proc).is_empty());
-        assert_eq!(scan.opened, 1, "the process's comm alone");
+        assert_eq!(scan.opened, 40, "each one's stat");
+        // The helper execs (say) the host engine: the same pid and /proc directory.
+        process(
+            &proc,
+            41,
+            "nv-hostengine",
+            0,
+            "/usr/bin/nv-hostengine",
+            None,
+        );
+        assert_eq!(scan.daemons(&proc), BTreeMap::from([("nv-hostengine", 41)]));
+        assert_eq!(
+            scan.opened, 40,
+            "the kernel threads' stat again, the process's comm"
+        );
+        assert_eq!(scan.daemons(&proc), BTreeMap::from([("nv-hostengine", 41)]));
+        assert_eq!(scan.opened, 2, "the two processes' comm alone");
         // The shell execs the fabric manager: the same pid and /proc directory.
         process(
             &proc,
@@ -310,7 +340,7 @@ mod tests {
         );
         assert_eq!(
             scan.daemons(&proc),
-            BTreeMap::from([("nv-fabricmanager", 500)])
+            BTreeMap::from([("nv-fabricmanager", 500), ("nv-hostengine", 41)])
         );
         // A kernel thread whose files now name a daemon is still a kernel thread (its
         // directory is the one seen); a task that is no child of kthreadd is not one.
@@ -332,41 +362,50 @@ mod tests {
         );
         assert_eq!(
             scan.daemons(&proc),
-            BTreeMap::from([("nv-fabricmanager", 500), ("nvidia-imex", 600)])
+            BTreeMap::from([
+                ("nv-fabricmanager", 500),
+                ("nv-hostengine", 41),
+                ("nvidia-imex", 600)
+            ])
         );
         std::fs::remove_dir_all(proc.join("500")).expect("rm");
         std::fs::remove_dir_all(proc.join("3")).expect("rm");
-        assert_eq!(scan.daemons(&proc), BTreeMap::from([("nvidia-imex", 600)]));
-        assert_eq!(scan.seen.len(), 38, "what is gone is forgotten");
+        assert_eq!(
+            scan.daemons(&proc),
+            BTreeMap::from([("nv-hostengine", 41), ("nvidia-imex", 600)])
+        );
+        assert_eq!(scan.seen.len(), 39, "what is gone is forgotten");
     }
 
     /// This machine's own /proc: its kernel threads are told by the kernel's `stat`
-    /// (kthreadd, pid 2, among them), and a second scan opens only the processes it saw as
-    /// processes and the pids new to it.
+    /// (kthreadd, pid 2, among them), and from the third scan on only the processes and the
+    /// pids new to the scan before are opened.
     #[test]
     fn this_machines_kernel_threads() {
         let proc = Path::new("/proc");
         let mut scan = Scan::default();
         scan.daemons(proc);
-        let first = scan.seen.clone();
-        let kernel = first.values().filter(|(k, _)| *k == Kind::Kernel).count();
+        scan.daemons(proc);
+        let second = scan.seen.clone();
+        let kernel = second.values().filter(|(k, _)| *k == Kind::Kernel).count();
         assert!(kernel > 0, "kthreadd and its children are kernel threads");
         let kthreadd =
             std::fs::metadata("/proc/2").map(|m| std::os::unix::fs::MetadataExt::ino(&m));
         if let Ok(ino) = kthreadd {
-            assert_eq!(first.get(&(2, ino)).map(|(k, _)| *k), Some(Kind::Kernel));
+            assert_eq!(second.get(&(2, ino)).map(|(k, _)| *k), Some(Kind::Kernel));
         }
         scan.daemons(proc);
-        // Of what the second scan kept: the processes read again, the pids new to it.
+        // Of what the third scan kept: all but the kernel threads the second had known twice
+        // (the processes read again, kernel threads new at the second, pids new to the third).
         let expected = scan
             .seen
             .keys()
-            .filter(|k| first.get(k).is_none_or(|(kind, _)| *kind == Kind::User))
+            .filter(|k| second.get(k).is_none_or(|(kind, _)| *kind != Kind::Kernel))
             .count();
         // Those that ended between the directory read and the open were opened but not kept.
         assert!(
             scan.opened >= expected && scan.opened <= expected + 64,
-            "second scan opened {} files for {expected} processes (of {} kernel threads)",
+            "third scan opened {} files for {expected} processes (of {} kernel threads)",
             scan.opened,
             kernel
         );
