@@ -84,10 +84,6 @@ impl Exporter {
     }
 }
 
-/// The size of the pieces in which a request is written into the gzip compressor (the
-/// uncompressed bytes held at once).
-const PIECE: usize = 64 * 1024;
-
 /// The export interval and the request timeout.
 struct Every {
     interval: Duration,
@@ -116,7 +112,7 @@ async fn run(
         let outcome = if let Some(z) = sender.gzip() {
             // OTLP/HTTP with gzip: the request compressed as it is written.
             z.start();
-            encoder.encode_to(&snap.view(), now, PIECE, &mut |piece| z.feed(piece));
+            encoder.encode_to(&snap.view(), now, &mut |piece| z.feed(piece));
             drop(snap);
             sender.export_gzipped(timeout, stats, &stopping).await
         } else {
