@@ -48,10 +48,11 @@ pub(super) fn report(results: &[Measurement], command: &str) -> String {
          they ran in the collection-only row, per scrape. Both come from the threads alone, so the\n\
          collection's cost, which differs from one run of the agent to the next by more than an\n\
          export costs, does not enter them. An export writes the protobuf\n\
-         request straight from the model's snapshot, as `/metrics` writes its text: with gzip\n\
-         into the compressor in 64 KiB pieces as it goes (flate2 over zlib-rs, level 2, one\n\
-         compressor reset for each export), so the whole uncompressed request is never held;\n\
-         without, into a buffer kept across exports that the sender borrows. Where the instructions go\n\
+         request straight from the model's snapshot, as `/metrics` writes its text, reading\n\
+         each sample once: the data points into a buffer kept across exports, then with gzip\n\
+         into the compressor a metric at a time, the headers between (flate2 over zlib-rs, level\n\
+         2, one compressor reset for each export); without, the headers are put in place around\n\
+         the points in that buffer, which the sender borrows. Where the instructions go\n\
          (callgrind on the running agent, the build of accbb7e, 8-GPU node, OTLP/HTTP gzip once\n\
          a second and `/metrics` asked for gzip once a second; 21 exports, 20 scrapes): an\n\
          export 5.34 M instructions on its thread, of which gzip 3.88 M (the compressor's reset\n\

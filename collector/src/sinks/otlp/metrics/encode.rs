@@ -1,8 +1,11 @@
 //! The model's view as an OTLP `ExportMetricsServiceRequest`, written straight in protobuf's
-//! wire format into a buffer kept across exports, the way the Prometheus sink writes text:
-//! no per-series objects, no SDK aggregation tables. One pass adds up every message's
-//! length (a length-delimited field's size comes before its bytes), a second writes — the
-//! whole request, or (`encode_to`) pieces handed on as they fill, cut between data points.
+//! wire format into buffers kept across exports, the way the Prometheus sink writes text: no
+//! per-series objects, no SDK aggregation tables. One pass over the samples writes each data
+//! point (its length is added up from its parts just before its bytes) into a body, metric
+//! after metric; then the envelope and each metric's header and end (whose lengths need the
+//! points' total) go around them — handed on in pieces (`encode_to`: the envelope and a
+//! header, a metric's points, its end and the next header, ...), or put in place around the
+//! points in the same buffer (`encode`).
 //!
 //! What is written (field numbers from `opentelemetry/proto/metrics/v1/metrics.proto`):
 //! one `ResourceMetrics` (the resource, its schema URL) with one `ScopeMetrics` (scope

@@ -4,8 +4,9 @@
 //! a lost GPU's readings) is simply not in the next request, so it stops being exported;
 //! nothing is kept per series but, with delta temporality, each counter's last value.
 //!
-//! With OTLP/HTTP and gzip, the request goes into the compressor in 64 KiB pieces as it is
-//! written, so the uncompressed request (2.4 MB on the 64-GPU node) is never held whole.
+//! With OTLP/HTTP and gzip, the request goes into the compressor a metric at a time: the
+//! data points (2.4 MB on the 64-GPU node) are written first, in one pass over the samples,
+//! into a buffer kept across exports, and the headers around them after (see `encode.rs`).
 //!
 //! One thread of its own ("otlp-metrics"), with a single-threaded Tokio runtime of its own:
 //! an export never waits on a source, a slow receiver holds only this thread, and the
