@@ -7,8 +7,8 @@
 pub mod encode;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::State;
@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::agent::Component;
+use crate::model::view::Lists;
 use crate::model::{Metric, Model, Sample};
 use crate::sinks::page::Pages;
 
@@ -63,7 +64,16 @@ fn render_into(model: &Model, out: &mut String) {
     static LAST_LEN: AtomicUsize = AtomicUsize::new(64 * 1024);
     out.clear();
     out.reserve(LAST_LEN.load(Ordering::Relaxed) + 4096);
-    encode::render(&snap.view(), out);
+    // The view's lists, kept from one scrape to the next (a scrape that finds them taken
+    // by another builds its own).
+    static LISTS: Mutex<Option<Lists>> = Mutex::new(None);
+    let kept = LISTS.lock().map(|mut l| l.take()).ok().flatten();
+    let view = snap.view_in(kept.unwrap_or_default());
+    encode::render(&view, out);
+    let lists = view.give_back();
+    if let Ok(mut l) = LISTS.lock() {
+        *l = Some(lists);
+    }
     LAST_LEN.store(out.len(), Ordering::Relaxed);
 }
 

@@ -354,21 +354,15 @@ impl Evaluator {
 
 /// The XID counters per (GPU, code).
 fn xid_counts(model: &Model) -> BTreeMap<(String, u32), f64> {
-    crate::model::view::Snapshot::take(model)
-        .view()
-        .iter()
-        .filter(|(i, _)| *i == Metric::XidErrors as usize)
-        .flat_map(|(_, v)| v.iter())
-        .filter_map(|(_, s)| {
-            Some((
-                (
-                    s.attr("hw.id")?.to_string(),
-                    s.attr("gpu.xid")?.parse().ok()?,
-                ),
-                s.value,
-            ))
-        })
-        .collect()
+    let mut counts = BTreeMap::new();
+    // The XID series alone: grouping the whole node's samples by metric for them made every
+    // evaluation allocate (and on the 64-GPU node fault in) a view of 16,000 series.
+    crate::model::view::Snapshot::take(model).each_of(Metric::XidErrors, |_, s| {
+        if let (Some(gpu), Some(Ok(xid))) = (s.attr("hw.id"), s.attr("gpu.xid").map(str::parse)) {
+            counts.insert((gpu.to_string(), xid), s.value);
+        }
+    });
+    counts
 }
 
 impl GpuState {

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::settings::Signal;
 use super::stats::Stats;
 use crate::model::Model;
-use crate::model::view::Snapshot;
+use crate::model::view::{Lists, Snapshot};
 use encode::{Encoder, Envelope};
 use send::Sender;
 
@@ -101,6 +101,8 @@ async fn run(
     flag: &AtomicBool,
 ) {
     let mut next = Instant::now() + interval;
+    // The view's lists, kept from one export to the next.
+    let mut lists = Lists::default();
     loop {
         // Stopped, or the exporter dropped: the last export.
         let last = tokio::select! {
@@ -113,12 +115,16 @@ async fn run(
         let outcome = if let Some(z) = sender.gzip() {
             // OTLP/HTTP with gzip: the request compressed as it is written.
             z.start();
-            encoder.encode_to(&snap.view(), now, &mut |piece| z.feed(piece));
+            let view = snap.view_in(std::mem::take(&mut lists));
+            encoder.encode_to(&view, now, &mut |piece| z.feed(piece));
+            lists = view.give_back();
             drop(snap);
             sender.export_gzipped(timeout, stats, &stopping).await
         } else {
             // The encoder's buffer, lent to the sender and taken back.
-            let body = bytes::Bytes::from(encoder.encode_owned(&snap.view(), now).0);
+            let view = snap.view_in(std::mem::take(&mut lists));
+            let body = bytes::Bytes::from(encoder.encode_owned(&view, now).0);
+            lists = view.give_back();
             drop(snap);
             let outcome = sender.export(body.clone(), timeout, stats, &stopping).await;
             encoder.give_back(body);
