@@ -200,7 +200,9 @@ impl Snapshot {
                 // What a burst (a thousand processes) left is not kept for good.
                 list.shrink_to(n);
             }
-            list.reserve_exact(n);
+            // Grown by doubling where a count rose (a process started): not again at every
+            // series more.
+            list.reserve(n);
         }
         self.each(|id, s| by_metric[s.metric as usize].push((id, s)));
         let identity = self
