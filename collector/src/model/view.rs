@@ -167,16 +167,6 @@ impl Snapshot {
         }
     }
 
-    /// Every sample of `metric`, with its GPU's `hw.id` ("" for the node's), without
-    /// grouping the others.
-    pub fn each_of<'s>(&'s self, metric: Metric, mut f: impl FnMut(&'s str, &'s Sample)) {
-        self.each(|id, s| {
-            if s.metric == metric {
-                f(id, s);
-            }
-        });
-    }
-
     /// Groups every sample by metric.
     pub fn view(&self) -> View<'_> {
         self.view_in(Lists::default())
@@ -355,19 +345,6 @@ mod tests {
         let big = snapshot(500);
         let view = big.view_in(Lists::default());
         assert_eq!(entries(&view), entries(&big.view()));
-        // One metric's samples alone, as the view has them.
-        let mut one = Vec::new();
-        big.each_of(Metric::SinkExports, |id, s| one.push((id, s)));
-        let (_, listed) = view
-            .iter()
-            .find(|(i, _)| *i == Metric::SinkExports as usize)
-            .expect("the metric is in the view");
-        assert_eq!(one.len(), 500);
-        assert!(
-            one.iter()
-                .zip(listed)
-                .all(|(a, b)| a.0 == b.0 && std::ptr::eq(a.1, b.1))
-        );
         let lists = view.give_back();
         let room = lists.capacity();
         assert!(room >= 1001, "room for every entry: {room}");

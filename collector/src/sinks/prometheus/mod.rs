@@ -67,13 +67,10 @@ fn render_into(model: &Model, out: &mut String) {
     // The view's lists, kept from one scrape to the next (a scrape that finds them taken
     // by another builds its own).
     static LISTS: Mutex<Option<Lists>> = Mutex::new(None);
-    let kept = LISTS.lock().map(|mut l| l.take()).ok().flatten();
+    let kept = crate::model::lock(&LISTS).take();
     let view = snap.view_in(kept.unwrap_or_default());
     encode::render(&view, out);
-    let lists = view.give_back();
-    if let Ok(mut l) = LISTS.lock() {
-        *l = Some(lists);
-    }
+    *crate::model::lock(&LISTS) = Some(view.give_back());
     LAST_LEN.store(out.len(), Ordering::Relaxed);
 }
 

@@ -352,16 +352,18 @@ impl Evaluator {
     }
 }
 
-/// The XID counters per (GPU, code).
+/// The XID counters per (GPU, code), from the sample sets they are published in (no
+/// snapshot: its per-GPU status and identity samples are not needed here).
 fn xid_counts(model: &Model) -> BTreeMap<(String, u32), f64> {
     let mut counts = BTreeMap::new();
-    // The XID series alone: grouping the whole node's samples by metric for them made every
-    // evaluation allocate (and on the 64-GPU node fault in) a view of 16,000 series.
-    crate::model::view::Snapshot::take(model).each_of(Metric::XidErrors, |_, s| {
-        if let (Some(gpu), Some(Ok(xid))) = (s.attr("hw.id"), s.attr("gpu.xid").map(str::parse)) {
-            counts.insert((gpu.to_string(), xid), s.value);
+    for set in model.sets() {
+        for s in set.iter().filter(|s| s.metric == Metric::XidErrors) {
+            if let (Some(gpu), Some(Ok(xid))) = (s.attr("hw.id"), s.attr("gpu.xid").map(str::parse))
+            {
+                counts.insert((gpu.to_string(), xid), s.value);
+            }
         }
-    });
+    }
     counts
 }
 
@@ -558,6 +560,34 @@ mod tests {
         );
         // Appended while no reader held the entries: in place, not into a copy of them all.
         assert_eq!(std::sync::Arc::as_ptr(&after), before);
+    }
+
+    #[test]
+    fn xid_counts_are_read_per_gpu_and_code_from_the_published_sets() {
+        let model = Model::new();
+        model.publish(
+            "kmsg",
+            "xid",
+            vec![
+                Sample::new(Metric::XidErrors, 3.0)
+                    .with("hw.id", "GPU-0")
+                    .with("gpu.xid", "79"),
+                Sample::new(Metric::XidErrors, 1.0)
+                    .with("hw.id", "GPU-1")
+                    .with("gpu.xid", "13"),
+                // Codes outside the catalog are counted together as "other": no code.
+                Sample::new(Metric::XidErrors, 5.0)
+                    .with("hw.id", "GPU-1")
+                    .with("gpu.xid", "other"),
+                Sample::new(Metric::XidLast, 1.0e9).with("hw.id", "GPU-0"),
+            ],
+        );
+        let counts = xid_counts(&model);
+        let want = BTreeMap::from([
+            (("GPU-0".to_string(), 79), 3.0),
+            (("GPU-1".to_string(), 13), 1.0),
+        ]);
+        assert_eq!(counts, want);
     }
 
     #[test]
