@@ -42,7 +42,7 @@ impl Shipper {
     pub fn stop(self, deadline: Duration) {
         self.stopping.store(true, Ordering::Relaxed);
         self.model.events.wake();
-        if !super::join_within(self.thread, deadline) {
+        if !crate::agent::join_by(self.thread, Instant::now() + deadline) {
             tracing::warn!("OTLP events still pending at shutdown were not delivered in time");
         }
     }

@@ -201,11 +201,6 @@ pub fn off_but_addressed(
     })
 }
 
-/// Waits at most `deadline` for `thread` to end; whether it did (it is joined then).
-fn join_within(thread: std::thread::JoinHandle<()>, deadline: Duration) -> bool {
-    crate::agent::join_by(thread, std::time::Instant::now() + deadline)
-}
-
 /// The OTLP sink.
 pub const COMPONENT: Component = Component {
     name: "otlp",
