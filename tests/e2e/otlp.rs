@@ -914,3 +914,110 @@ fn a_receiver_that_closes_idle_connections_costs_no_retry() {
         got.requests, got.bytes
     );
 }
+
+/// The increases of a counter's delta points, in every request received so far, of `metric`
+/// where `key` is `value`; and whether every such metric said delta.
+fn delta_sum(r: &otlp::Received, metric: &str, key: &str, value: &str) -> (f64, bool) {
+    let mut sum = 0.0;
+    let mut all_delta = true;
+    for req in &r.metrics {
+        for m in req
+            .resource_metrics
+            .iter()
+            .flat_map(|rm| &rm.scope_metrics)
+            .flat_map(|sm| &sm.metrics)
+            .filter(|m| m.name == metric)
+        {
+            let Some(metric::Data::Sum(s)) = &m.data else {
+                continue;
+            };
+            all_delta &= s.aggregation_temporality == 1;
+            for p in s
+                .data_points
+                .iter()
+                .filter(|p| attr(&p.attributes, key) == Some(value))
+            {
+                if let Some(number_data_point::Value::AsDouble(v)) = p.value {
+                    sum += v;
+                }
+            }
+        }
+    }
+    (sum, all_delta)
+}
+
+/// With delta temporality, a counter's increases add up across a clean restart to what the
+/// counter rose by: the XIDs of a kernel-log file, which the agent keeps counting across the
+/// restart (`state_dir`), are not reported again by the first export after it (without the
+/// saved delta state, that export carried the whole count again).
+#[test]
+fn delta_reports_each_xid_once_across_a_restart() {
+    use std::io::Write as _;
+
+    use crate::kmsg;
+    let rx = Receiver::start();
+    let d = kmsg::domain(11);
+    let scen = kmsg::scenario(d, 1, "");
+    let dir = support::temp_dir();
+    let log = dir.join("kern.log");
+    std::fs::write(&log, "Nov 30 00:00:00 node kernel: [    1.000] booting\n").expect("log");
+    let files = format!("device = \"\"\nfiles = [{:?}]", log.display().to_string());
+    let cfg = format!(
+        "{}\n[sinks.otlp]\nenabled = true\ninterval_secs = 1\nendpoint = {:?}\nprotocol = \"grpc\"\ntemporality = \"delta\"\n",
+        kmsg::config(support::free_port(), &dir.join("state"), &files),
+        rx.grpc_url()
+    );
+    let xid_line = |pid: u32| {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log)
+            .expect("log");
+        writeln!(
+            f,
+            "Nov 30 01:02:0{pid} node kernel: [ 12.345] NVRM: Xid (PCI:{d:04x}:18:00): 13, pid={pid}, name=a, x"
+        )
+        .expect("append");
+    };
+    let sum = |r: &otlp::Received| delta_sum(r, "gpu.xid.errors", "gpu.xid", "13");
+    let settle = |want: f64, agent: &Agent| {
+        rx.wait_for(Duration::from_secs(20), "the XIDs' increases", |r| {
+            sum(r).0 >= want
+        });
+        // Two more exports: nothing more is added.
+        let n = rx.with(|r| r.metrics.len());
+        rx.wait_for(Duration::from_secs(10), "two more exports", |r| {
+            r.metrics.len() >= n + 2
+        });
+        let (total, delta) = rx.with(sum);
+        assert!(delta, "gpu.xid.errors is exported as delta");
+        assert_eq!(
+            total,
+            want,
+            "the increases add up to the count\n{}",
+            agent.log()
+        );
+    };
+
+    let mut agent = kmsg::start(&scen, &cfg);
+    xid_line(1);
+    settle(1.0, &agent);
+    assert!(agent.terminate().success());
+    let saved = dir.join("state/otlp-delta.json");
+    assert!(saved.exists(), "a clean stop saves the delta state");
+
+    // One more XID while the agent is down: counted once it is back, and reported once.
+    xid_line(2);
+    let mut agent = kmsg::start(&scen, &cfg);
+    agent.wait_for(Duration::from_secs(10), |m| {
+        let ids = support::uuids(&parse(m));
+        ids.first()
+            .is_some_and(|id| kmsg::xid(m, id, "13") == Some(2.0))
+    });
+    settle(2.0, &agent);
+    assert!(
+        agent.log().contains("going on from the last export"),
+        "{}",
+        agent.log()
+    );
+    assert!(agent.terminate().success());
+}

@@ -127,8 +127,8 @@ config_section! {
         /// so a container needs the host's pid namespace (`hostPID`). Default: "/proc".
         pub proc_root: PathBuf = PathBuf::from("/proc"),
         /// Where the little state that survives a restart is kept (the kernel-log
-        /// checkpoint, XID counters, health reasons that hold until a reset or reboot),
-        /// written atomically. Unwritable: a warning, and every restart starts clean.
+        /// checkpoint, XID counters, health reasons that hold until a reset or reboot, and
+        /// with OTLP delta temporality the counters' last exported values), written atomically. Unwritable: a warning, and every restart starts clean.
         /// Default: "/var/lib/junction".
         pub state_dir: PathBuf = PathBuf::from("/var/lib/junction"),
         /// Where the host's sysfs is: `/host/sys` in a container that mounts it elsewhere.

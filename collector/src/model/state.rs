@@ -77,6 +77,16 @@ impl StateDir {
             });
         result.map_err(|e| (path, e))
     }
+
+    /// Removes `<name>.json` (nothing to do if it is absent); an error names the file.
+    pub fn remove(&self, name: &str) -> Result<(), (PathBuf, std::io::Error)> {
+        let Some(dir) = &self.dir else { return Ok(()) };
+        let path = dir.join(format!("{name}.json"));
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err((path, e)),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Replaces `path` in one step: `write` fills a temporary file beside it, which is synced and

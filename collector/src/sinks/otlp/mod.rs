@@ -55,7 +55,10 @@ config_section! {
         /// request), not at this interval.
         pub interval_secs: u64 = 0,
         /// "cumulative" or "delta" (counters only; most backends want cumulative). Empty:
-        /// OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, then "cumulative".
+        /// OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, then "cumulative". With delta,
+        /// a clean stop saves each counter's last value in `state_dir` and the next start (in
+        /// the same boot) goes on from it; after a crash or a reboot the first export reports
+        /// each counter's whole value.
         pub temporality: String = String::new(),
         /// CA certificates (PEM) to trust for https:// endpoints, besides the built-in roots.
         /// Empty: OTEL_EXPORTER_OTLP_CERTIFICATE.
@@ -257,6 +260,9 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
         exporters.metrics,
         envelope(&settings),
         &settings,
+        settings
+            .delta
+            .then(|| metrics::Resume::open(&config.state_dir, &config.proc_root)),
         ctx.model.clone(),
         stats.clone(),
         &panics,

@@ -391,6 +391,37 @@ impl Encoder {
         self.previous.len()
     }
 
+    /// With delta temporality: the last export's time and each counter series' last value
+    /// (by the hash [`Encoder::delta_of`] keys it by), for a restart to go on from.
+    pub fn delta_state(&self) -> Option<(u64, Vec<(u64, f64)>)> {
+        self.delta.then(|| {
+            let series = self
+                .previous
+                .iter()
+                .filter(|(_, (v, _))| v.is_finite())
+                .map(|(h, (v, _))| (*h, *v))
+                .collect();
+            (self.last_ns, series)
+        })
+    }
+
+    /// With delta temporality, goes on from a stopped encoder's [`Encoder::delta_state`]:
+    /// the first export's counters report their increase since that encoder's last export,
+    /// and its points start at that export's time (a series it did not have reports its
+    /// whole value, as at any start). Nothing happens with cumulative temporality, or for a
+    /// state from the future (a clock set back since: the sink's start is used).
+    pub fn resume(&mut self, last_ns: u64, series: &[(u64, f64)]) {
+        if !self.delta || last_ns > self.start_ns {
+            return;
+        }
+        self.last_ns = last_ns;
+        self.previous = series
+            .iter()
+            .filter(|(_, v)| v.is_finite())
+            .map(|&(h, v)| (h, (v, self.generation)))
+            .collect();
+    }
+
     /// Start time of a point of a metric of `kind`.
     fn start(&self, kind: Kind) -> u64 {
         if self.delta && kind != Kind::UpDownCounter {
@@ -670,7 +701,9 @@ impl Encoder {
     /// the counter went back, as on a driver reload).
     fn delta_of(&mut self, view: &View<'_>, i: usize, gpu: &str, s: &Sample) -> f64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        i.hash(&mut h);
+        // The name, not the registry's index: a state saved by another build (whose registry
+        // may list metrics in another order) is matched by what the series are.
+        REGISTRY[i].name.hash(&mut h);
         for (k, v) in attributes(view, i, gpu, s) {
             k.hash(&mut h);
             v.hash(&mut h);

@@ -2,7 +2,8 @@
 //! `ExportMetricsServiceRequest` (`encode.rs`, the same view, names, units and attributes as
 //! `/metrics`) and sent (`send.rs`). A series the model no longer has (a process that ended,
 //! a lost GPU's readings) is simply not in the next request, so it stops being exported;
-//! nothing is kept per series but, with delta temporality, each counter's last value.
+//! nothing is kept per series but, with delta temporality, each counter's last value (saved
+//! at a clean stop for the next start to go on from: `resume.rs`).
 //!
 //! With OTLP/HTTP and gzip, the request goes into the compressor a metric at a time: the
 //! data points (2.4 MB on the 64-GPU node) are written first, in one pass over the samples,
@@ -19,6 +20,7 @@
 
 mod alarm;
 pub mod encode;
+mod resume;
 pub mod send;
 
 use std::sync::Arc;
@@ -31,6 +33,7 @@ use super::stats::Stats;
 use crate::model::Model;
 use crate::model::view::{Lists, Snapshot};
 use encode::{Encoder, Envelope};
+pub use resume::Resume;
 use send::Sender;
 
 /// The running exporter.
@@ -45,16 +48,22 @@ fn unix_ns(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Starts the exporter thread.
+/// Starts the exporter thread. With delta temporality and `resume`, the first export goes on
+/// from the last clean stop's, and the last export's state is saved for the next start.
 pub fn start(
     sender: Sender,
     envelope: Envelope,
     settings: &super::settings::Settings,
+    resume: Option<Resume>,
     model: Arc<Model>,
     stats: Arc<Stats>,
     panics: &crate::agent::ThreadPanics,
 ) -> anyhow::Result<Exporter> {
-    let encoder = Encoder::new(envelope, settings.delta, unix_ns(SystemTime::now()));
+    let mut encoder = Encoder::new(envelope, settings.delta, unix_ns(SystemTime::now()));
+    let resume = resume.filter(|_| settings.delta);
+    if let Some(r) = &resume {
+        r.take(&mut encoder);
+    }
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let stopping = Arc::new(AtomicBool::new(false));
     let flag = stopping.clone();
@@ -67,7 +76,10 @@ pub fn start(
             .thread_name("otlp-metrics-io")
             .build()
             .unwrap_or_else(|e| panic!("the OTLP metrics exporter's runtime: {e}"));
-        runtime.block_on(run(sender, encoder, when, &model, &stats, stopped, &flag));
+        let encoder = runtime.block_on(run(sender, encoder, when, &model, &stats, stopped, &flag));
+        if let Some(r) = resume {
+            r.save(&encoder);
+        }
     })?;
     Ok(Exporter {
         stop,
@@ -101,7 +113,7 @@ async fn run(
     stats: &Stats,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
     flag: &AtomicBool,
-) {
+) -> Encoder {
     let mut next = Instant::now() + interval;
     // The view's lists, kept from one export to the next.
     let mut lists = Lists::default();
@@ -135,7 +147,7 @@ async fn run(
         };
         stats.export(Signal::Metrics, &outcome);
         if last {
-            return;
+            return encoder;
         }
         next += interval;
         let now = Instant::now();

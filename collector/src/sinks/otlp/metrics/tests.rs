@@ -339,3 +339,50 @@ fn constant_attributes_are_kept_up_to_a_bound_and_written_as_any_other_past_it()
     statics.write(&mut Vec::new(), "hw.id", &owned);
     assert_eq!(statics.at.len(), MAX_STATIC_ATTRIBUTES);
 }
+
+/// A restart with delta temporality: the new encoder goes on from the stopped one's last
+/// export (its time, each counter's value), so the counters' increases add up across it to
+/// what the counters rose by, where a fresh encoder reports the whole value again.
+#[test]
+fn delta_goes_on_across_a_restart_from_the_last_export() {
+    let energy = |p: &Points| {
+        p.iter()
+            .find(|((n, _), _)| n == "hw.energy")
+            .map(|(_, v)| *v)
+    };
+    let mut before = Encoder::new(envelope(), true, 5);
+    encode(&mut before, &model(1000.0, 2), 10);
+    let (_, p, _) = encode(&mut before, &model(1250.0, 2), 20);
+    assert_eq!(energy(&p), Some((250.0, 10, 20)));
+    let (last_ns, series) = before.delta_state().expect("delta keeps state");
+    assert_eq!(last_ns, 20);
+    assert_eq!(series.len(), before.tracked());
+
+    // Without it, the restarted sink's first point is the whole value again.
+    let mut fresh = Encoder::new(envelope(), true, 30);
+    let (_, p, _) = encode(&mut fresh, &model(1300.0, 2), 40);
+    assert_eq!(energy(&p), Some((1300.0, 30, 40)));
+
+    // With it: the increase since the last export, from that export's time; the event
+    // counters too; a series the stopped encoder did not have reports its whole value.
+    let mut after = Encoder::new(envelope(), true, 30);
+    after.resume(last_ns, &series);
+    let (_, p, _) = encode(&mut after, &model(1300.0, 3), 40);
+    assert_eq!(energy(&p), Some((50.0, 20, 40)));
+    let event = |n: &str| p[&("junction.events".into(), attrs(&[("event.name", n)]))];
+    assert_eq!(event("event.1.x"), (0.0, 20, 40));
+    assert_eq!(event("event.2.xx"), (2.0, 20, 40), "new since the restart");
+    // A counter lower than saved (the driver reloaded while the agent was down): its value.
+    let mut reloaded = Encoder::new(envelope(), true, 30);
+    reloaded.resume(last_ns, &series);
+    let (_, p, _) = encode(&mut reloaded, &model(70.0, 2), 40);
+    assert_eq!(energy(&p), Some((70.0, 20, 40)));
+
+    // Cumulative keeps nothing and takes nothing; a state from the future is not used.
+    let cumulative = Encoder::new(envelope(), false, 5);
+    assert!(cumulative.delta_state().is_none());
+    let mut early = Encoder::new(envelope(), true, 15);
+    early.resume(last_ns, &series);
+    let (_, p, _) = encode(&mut early, &model(1300.0, 2), 40);
+    assert_eq!(energy(&p), Some((1300.0, 15, 40)));
+}
