@@ -409,17 +409,18 @@ impl Encoder {
     /// the first export's counters report their increase since that encoder's last export,
     /// and its points start at that export's time (a series it did not have reports its
     /// whole value, as at any start). Nothing happens with cumulative temporality, or for a
-    /// state from the future (a clock set back since: the sink's start is used).
-    pub fn resume(&mut self, last_ns: u64, series: &[(u64, f64)]) {
+    /// state from the future (a clock set back since: the sink's start is used). Whether it
+    /// went on.
+    pub fn resume(&mut self, last_ns: u64, series: &[(u64, f64)]) -> bool {
         if !self.delta || last_ns > self.start_ns {
-            return;
+            return false;
         }
         self.last_ns = last_ns;
         self.previous = series
             .iter()
-            .filter(|(_, v)| v.is_finite())
             .map(|&(h, v)| (h, (v, self.generation)))
             .collect();
+        true
     }
 
     /// Start time of a point of a metric of `kind`.

@@ -48,8 +48,9 @@ fn unix_ns(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Starts the exporter thread. With delta temporality and `resume`, the first export goes on
-/// from the last clean stop's, and the last export's state is saved for the next start.
+/// Starts the exporter thread. With `resume` (the sink passes one for delta temporality), the
+/// first export goes on from the last clean stop's, and the last export's state is saved for
+/// the next start.
 pub fn start(
     sender: Sender,
     envelope: Envelope,
@@ -60,7 +61,6 @@ pub fn start(
     panics: &crate::agent::ThreadPanics,
 ) -> anyhow::Result<Exporter> {
     let mut encoder = Encoder::new(envelope, settings.delta, unix_ns(SystemTime::now()));
-    let resume = resume.filter(|_| settings.delta);
     if let Some(r) = &resume {
         r.take(&mut encoder);
     }

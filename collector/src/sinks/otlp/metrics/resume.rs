@@ -83,8 +83,9 @@ impl Resume {
             "another build saved it"
         } else if saved.series.len() > MAX_SERIES {
             "it holds more series than a node has"
+        } else if !encoder.resume(saved.last_ns, &saved.series) {
+            "its last export is later than this start: the clock was set back"
         } else {
-            encoder.resume(saved.last_ns, &saved.series);
             tracing::info!(
                 series = saved.series.len(),
                 "OTLP delta: going on from the last export before the restart"
