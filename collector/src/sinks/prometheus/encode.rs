@@ -166,7 +166,9 @@ impl IdLabels {
             _ => match self.rendered.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
-                    let mut text = String::new();
+                    // Room for `hw_id="GPU-<uuid>"` (a scrape renders one per GPU anew; grown
+                    // from nothing, each took three reallocations).
+                    let mut text = String::with_capacity(64);
                     write_label(&mut text, &mut true, keys.get("hw.id"), id);
                     self.rendered.push((key, text));
                     self.rendered.len() - 1
@@ -194,7 +196,9 @@ impl Identities {
             _ => match self.rendered.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
-                    let mut text = String::new();
+                    // Room for the usual identity (vendor, model, name, serial, ...), which
+                    // grew by doubling from nothing on every scrape.
+                    let mut text = String::with_capacity(256);
                     let mut first = true;
                     for (k, v) in attrs {
                         write_label(&mut text, &mut first, keys.get(k), v);

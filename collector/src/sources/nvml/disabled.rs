@@ -146,6 +146,28 @@ mod tests {
         assert!(all.iter().all(|f| !d.contains(f)));
     }
 
+    /// Names that share their digest (the same length, first and last eight bytes) are
+    /// different features; a feature disabled again is listed once, for the later reason.
+    #[test]
+    fn features_that_share_a_digest_stay_apart() {
+        let (a, b) = (
+            Feature::at("nvlink_error_A_counter", 2),
+            Feature::at("nvlink_error_B_counter", 2),
+        );
+        assert_eq!(a.digest(), b.digest());
+        let mut d = Disabled::default();
+        d.insert(a, Retry::Reprobe);
+        assert!(d.contains(&a) && !d.contains(&b));
+        assert!(!d.contains(&Feature::at("nvlink_error_A_counter", 3)));
+        d.insert(b, Retry::Never);
+        d.insert(a, Retry::Never);
+        assert!(d.contains(&a) && d.contains(&b));
+        assert_eq!(d.with(Retry::Never).count(), 2);
+        assert_eq!(d.with(Retry::Reprobe).count(), 0);
+        d.remove(&a);
+        assert!(!d.contains(&a) && d.contains(&b));
+    }
+
     /// A re-probe takes every feature disabled for it at once and leaves the others, found as
     /// before.
     #[test]
