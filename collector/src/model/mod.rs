@@ -460,16 +460,10 @@ impl Model {
     }
 }
 
-/// The samples that describe a slot's state and the agent's view of it (always present).
-pub fn status_samples(
-    slot: &GpuSlot,
-    driver: Option<&DriverInfo>,
-    reasons: &[health::Reason],
-) -> Vec<Sample> {
-    let state = health::verdict(reasons);
-    let info = &slot.info;
-    let mut out = Vec::with_capacity(8);
-    let mut i = Sample::new(Metric::Info, 1.0)
+/// A GPU's `gpu.info` sample: its identity and the driver's versions. It changes only with
+/// them, so a snapshot takes it from [`view`]'s cache rather than making it again.
+pub fn info_sample(info: &GpuInfo, driver: Option<&DriverInfo>) -> Sample {
+    Sample::new(Metric::Info, 1.0)
         .with("hw.name", info.name.clone())
         .with("hw.vendor", "nvidia")
         .with("hw.model", info.name.clone())
@@ -487,14 +481,20 @@ pub fn status_samples(
             "gpu.minor_number",
             info.minor_number.map(|m| m.to_string()).unwrap_or_default(),
         )
-        .with("gpu.pci.bdf", info.pci_bus_id.clone());
-    i = i.with(
-        "gpu.cuda_driver_version",
-        driver
-            .and_then(|d| d.cuda_version.clone())
-            .unwrap_or_default(),
-    );
-    out.push(i);
+        .with("gpu.pci.bdf", info.pci_bus_id.clone())
+        .with(
+            "gpu.cuda_driver_version",
+            driver
+                .and_then(|d| d.cuda_version.clone())
+                .unwrap_or_default(),
+        )
+}
+
+/// The samples that describe a slot's state and the agent's view of it (always present),
+/// but `gpu.info` ([`info_sample`]).
+pub fn status_samples(slot: &GpuSlot, reasons: &[health::Reason]) -> Vec<Sample> {
+    let state = health::verdict(reasons);
+    let mut out = Vec::with_capacity(8);
     for s in HealthState::ALL {
         out.push(
             Sample::new(Metric::Status, f64::from(u8::from(state == s)))

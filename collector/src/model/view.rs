@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::health::Reason;
-use super::{AttrValue, DriverInfo, GpuSlot, Metric, Model, REGISTRY, Sample, status_samples};
+use super::{
+    AttrValue, DriverInfo, GpuInfo, GpuSlot, Metric, Model, REGISTRY, Sample, info_sample,
+    status_samples,
+};
 
 /// Whether a GPU's series of the conventions carry its identity (`[sinks]
 /// identity_attributes`; set once at start).
@@ -81,10 +84,67 @@ pub struct Snapshot {
     /// The GPU slots.
     pub gpus: Vec<GpuSlot>,
     per_gpu: Vec<Vec<Sample>>,
-    /// Each GPU's identity attributes (empty where they are off).
-    identity: Vec<Vec<(&'static str, AttrValue)>>,
+    /// Each GPU's `gpu.info` sample and identity attributes (see [`Described`]).
+    described: Vec<Described>,
     node: Vec<Sample>,
     sets: Vec<Arc<Vec<Sample>>>,
+}
+
+/// What a snapshot derives from a GPU's identity and the driver's versions alone: its
+/// `gpu.info` sample and its identity attributes. Made again for every snapshot, they were
+/// sixteen strings copied and freed a GPU at every scrape and export; they are kept instead
+/// ([`described`]) for as long as the GPU's `GpuInfo` (held here, so its address is not
+/// reused) and the driver's versions are the same. A GPU's `GpuInfo` is never changed in
+/// place: a GPU found anew has a new one.
+#[derive(Clone)]
+struct Described {
+    info: Arc<GpuInfo>,
+    /// The driver's and CUDA's versions the sample carries.
+    driver: Option<(String, Option<String>)>,
+    sample: Arc<Sample>,
+    identity: Arc<Vec<(&'static str, AttrValue)>>,
+}
+
+/// The [`Described`] of every GPU that a model or a snapshot still holds (an entry whose
+/// `GpuInfo` only this cache holds goes at the next snapshot): as many as the node has GPUs.
+static DESCRIBED: std::sync::Mutex<Vec<Described>> = std::sync::Mutex::new(Vec::new());
+
+/// Each of `gpus`' [`Described`], from the cache where its identity and the driver's
+/// versions are unchanged.
+fn described(gpus: &[GpuSlot], driver: Option<&DriverInfo>) -> Vec<Described> {
+    let versions = driver.map(|d| (d.driver_version.as_str(), d.cuda_version.as_deref()));
+    let make = |g: &GpuSlot| Described {
+        info: g.info.clone(),
+        driver: driver.map(|d| (d.driver_version.clone(), d.cuda_version.clone())),
+        sample: Arc::new(info_sample(&g.info, driver)),
+        identity: Arc::new(identity(g, driver)),
+    };
+    let mut cache = super::lock(&DESCRIBED);
+    cache.retain(|d| Arc::strong_count(&d.info) > 1);
+    gpus.iter()
+        .enumerate()
+        .map(|(i, g)| {
+            // The GPUs come in the same order each time: the entry is mostly at `i`.
+            let at = match cache.get(i) {
+                Some(d) if Arc::ptr_eq(&d.info, &g.info) => Some(i),
+                _ => cache.iter().position(|d| Arc::ptr_eq(&d.info, &g.info)),
+            };
+            match at {
+                Some(at) => {
+                    let d = &mut cache[at];
+                    if d.driver.as_ref().map(|(v, c)| (v.as_str(), c.as_deref())) != versions {
+                        *d = make(g);
+                    }
+                    d.clone()
+                }
+                None => {
+                    let d = make(g);
+                    cache.push(d.clone());
+                    d
+                }
+            }
+        })
+        .collect()
 }
 
 impl Snapshot {
@@ -115,19 +175,10 @@ impl Snapshot {
             .iter()
             .map(|g| {
                 let reasons = health.get(&g.info.uuid).map_or(&[][..], Vec::as_slice);
-                status_samples(g, driver, reasons)
+                status_samples(g, reasons)
             })
             .collect();
-        let identity = gpus
-            .iter()
-            .map(|g| {
-                if IDENTITY.load(Ordering::Relaxed) {
-                    identity(g, driver)
-                } else {
-                    Vec::new()
-                }
-            })
-            .collect();
+        let described = described(&gpus, driver);
         let mut node = Vec::new();
         for (source, up) in sources {
             node.push(
@@ -138,7 +189,7 @@ impl Snapshot {
         Self {
             gpus,
             per_gpu,
-            identity,
+            described,
             node,
             sets,
         }
@@ -146,13 +197,14 @@ impl Snapshot {
 
     /// Every sample, with its GPU's `hw.id` ("" for the node's).
     fn each<'s>(&'s self, mut f: impl FnMut(&'s str, &'s Sample)) {
-        for (g, extra) in self.gpus.iter().zip(&self.per_gpu) {
+        for ((g, extra), d) in self.gpus.iter().zip(&self.per_gpu).zip(&self.described) {
             let id = g.info.uuid.as_str();
             for group in &g.groups {
                 for s in group.iter() {
                     f(id, s);
                 }
             }
+            f(id, &d.sample);
             for s in extra {
                 f(id, s);
             }
@@ -195,11 +247,16 @@ impl Snapshot {
             list.reserve(n);
         }
         self.each(|id, s| by_metric[s.metric as usize].push((id, s)));
+        // Off (`[sinks] identity_attributes = false`): no GPU's series carry it.
+        let on = IDENTITY.load(Ordering::Relaxed);
         let identity = self
             .gpus
             .iter()
-            .zip(&self.identity)
-            .map(|(g, i)| (g.info.uuid.as_str(), i.as_slice()))
+            .zip(&self.described)
+            .map(|(g, d)| {
+                let attrs = if on { d.identity.as_slice() } else { &[] };
+                (g.info.uuid.as_str(), attrs)
+            })
             .collect();
         View {
             by_metric,
@@ -338,6 +395,59 @@ mod tests {
                 (i, list)
             })
             .collect()
+    }
+
+    /// A GPU's `gpu.info` sample and identity are made once and shared by later snapshots
+    /// while its identity and the driver's versions stay; made again, with the new values,
+    /// when the driver's version changes or the GPU is another (a new `GpuInfo`).
+    #[test]
+    fn a_gpus_info_and_identity_are_kept_until_they_change() {
+        let gpu = |serial: &str| {
+            crate::model::GpuSlot::new(GpuInfo {
+                uuid: format!("GPU-kept-{serial}"),
+                name: "H100".into(),
+                serial: Some(serial.into()),
+                ..GpuInfo::default()
+            })
+        };
+        let driver = |v: &str| DriverInfo {
+            driver_version: v.into(),
+            cuda_version: Some("12.8".into()),
+            nvml_version: None,
+        };
+        let take = |g: &crate::model::GpuSlot, d: &DriverInfo| {
+            Snapshot::of(vec![g.clone()], Some(d), &[], Vec::new(), &BTreeMap::new())
+        };
+        let info = |snap: &Snapshot| {
+            let view = snap.view();
+            let (_, list) = view
+                .iter()
+                .find(|(i, _)| *i == Metric::Info as usize)
+                .expect("gpu.info");
+            assert_eq!(list.len(), 1);
+            let s = list[0].1;
+            (s as *const Sample, s.attrs.clone())
+        };
+        let a = gpu("1650");
+        let first = take(&a, &driver("570.86.15"));
+        let (at, attrs) = info(&first);
+        assert!(attrs.contains(&("hw.serial_number", "1650".into())));
+        assert!(attrs.contains(&("hw.driver_version", "570.86.15".into())));
+        assert_eq!(first.described[0].identity[1], ("hw.model", "H100".into()));
+        // The same GPU and driver: the same sample, not a copy.
+        let again = take(&a, &driver("570.86.15"));
+        assert_eq!(info(&again).0, at);
+        assert!(Arc::ptr_eq(
+            &first.described[0].identity,
+            &again.described[0].identity
+        ));
+        // Another driver version: made again.
+        let (_, attrs) = info(&take(&a, &driver("580.65.06")));
+        assert!(attrs.contains(&("hw.driver_version", "580.65.06".into())));
+        // Another GPU under the same uuid and driver: its own serial.
+        let (_, attrs) = info(&take(&gpu("1651"), &driver("580.65.06")));
+        assert!(attrs.contains(&("hw.serial_number", "1651".into())));
+        assert!(!attrs.contains(&("hw.serial_number", "1650".into())));
     }
 
     #[test]
