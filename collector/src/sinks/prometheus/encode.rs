@@ -145,9 +145,9 @@ impl Statics {
             value.as_ptr() as usize,
             value.len(),
         );
-        let slot = ((id.2 ^ id.3.rotate_left(48) ^ id.0.rotate_left(21))
+        let slot = (id.2 ^ id.3.rotate_left(48) ^ id.0.rotate_left(21))
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            >> 54) as usize;
+            >> 54;
         let hit = self.slots[slot]
             .checked_sub(1)
             .filter(|&i| self.text[i as usize].0 == id);
