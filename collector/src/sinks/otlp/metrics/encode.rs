@@ -701,17 +701,10 @@ impl Encoder {
     /// A counter's increase since the previous export (its value the first time, and after
     /// the counter went back, as on a driver reload).
     fn delta_of(&mut self, view: &View<'_>, i: usize, gpu: &str, s: &Sample) -> f64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        // The name, not the registry's index: a state saved by another build (whose registry
-        // may list metrics in another order) is matched by what the series are.
-        REGISTRY[i].name.hash(&mut h);
-        for (k, v) in attributes(view, i, gpu, s) {
-            k.hash(&mut h);
-            v.hash(&mut h);
-        }
+        let key = series_key(REGISTRY[i].name, attributes(view, i, gpu, s));
         let slot = self
             .previous
-            .entry(h.finish())
+            .entry(key)
             .or_insert((f64::NAN, self.generation));
         let prev = slot.0;
         *slot = (s.value, self.generation);
@@ -721,6 +714,22 @@ impl Encoder {
             s.value
         }
     }
+}
+
+/// The key delta keeps a series' last value by (and a restart's saved state holds): a hash of
+/// the metric's name, not its registry index (a state saved by another build, whose registry
+/// may list metrics in another order, is matched by what the series are), and its attributes.
+pub(super) fn series_key<'a>(
+    name: &str,
+    attrs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    for (k, v) in attrs {
+        k.hash(&mut h);
+        v.hash(&mut h);
+    }
+    h.finish()
 }
 
 #[cfg(test)]

@@ -13,12 +13,11 @@
 //! the first points are whole values as before. Removing the file at start is what keeps a
 //! start after a crash from going on from values that the crashed run reported past.
 
-use std::hash::{Hash as _, Hasher as _};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::encode::Encoder;
+use super::encode::{Encoder, series_key};
 use crate::model::state::{StateDir, boot_id};
 
 /// The file in `state_dir` (`otlp-delta.json`).
@@ -42,12 +41,12 @@ struct Saved {
     series: Vec<(u64, f64)>,
 }
 
-/// The hash of a fixed series, with the hasher the encoder keys series by.
+/// The key of a fixed series, as the encoder keys series ([`series_key`]).
 fn probe() -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    "hw.energy".hash(&mut h);
-    ("hw.id", "GPU-00000000-0000-0000-0000-000000000000").hash(&mut h);
-    h.finish()
+    series_key(
+        "hw.energy",
+        [("hw.id", "GPU-00000000-0000-0000-0000-000000000000")],
+    )
 }
 
 /// Where a delta exporter's state is kept between runs.
