@@ -33,8 +33,13 @@ pub(super) fn processes(ctx: &mut Ctx<'_>, out: &mut Vec<Sample>) -> Result<(), 
     // The heaviest first; unknown memory last.
     all.sort_by_key(|(p, _)| std::cmp::Reverse(p.used.unwrap_or(0)));
     all.truncate(ctx.max_processes);
-    let live: Vec<u32> = all.iter().map(|(p, _)| p.pid).collect();
-    ctx.proc_names.retain(|pid, _| live.contains(pid));
+    // Sorted for lookups: up to `max_processes` pids, each looked up by every cached name and
+    // every utilization sample (several a pid).
+    let mut live: Vec<u32> = all.iter().map(|(p, _)| p.pid).collect();
+    live.sort_unstable();
+    live.dedup();
+    ctx.proc_names
+        .retain(|pid, _| live.binary_search(pid).is_ok());
     for (p, kind) in &all {
         let attrs = process_attrs(ctx, p.pid)?;
         // "Not available" memory is no reading: the process is counted, not exported as 0.
@@ -101,7 +106,7 @@ fn utilization(ctx: &mut Ctx<'_>, live: &[u32], out: &mut Vec<Sample>) -> Result
     Ok(())
 }
 
-/// The newest sample per pid among those newer than `since`, for live pids.
+/// The newest sample per pid among those newer than `since`, for live pids (`live` sorted).
 fn newest_per_pid(
     samples: Vec<ProcessUtilizationSample>,
     since: u64,
@@ -109,7 +114,7 @@ fn newest_per_pid(
 ) -> BTreeMap<u32, ProcessUtilizationSample> {
     let mut newest: BTreeMap<u32, ProcessUtilizationSample> = BTreeMap::new();
     for u in samples {
-        if u.timestamp <= since || !live.contains(&u.pid) {
+        if u.timestamp <= since || live.binary_search(&u.pid).is_err() {
             continue;
         }
         match newest.get(&u.pid) {
@@ -293,11 +298,14 @@ mod tests {
                 s(1, 200, 40),
                 s(2, 100, 7),
                 s(3, 400, 1),
+                s(9, 250, 3),
+                s(9, 150, 2),
             ],
             100,
-            &[1, 2],
+            &[1, 2, 5, 9],
         );
-        assert_eq!(got.len(), 1, "pid 2 is stale, pid 3 not live: {got:?}");
+        assert_eq!(got.len(), 2, "pid 2 is stale, pid 3 not live: {got:?}");
         assert_eq!(got[&1].sm_util, 90);
+        assert_eq!(got[&9].sm_util, 3);
     }
 }
