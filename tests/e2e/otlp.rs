@@ -1021,3 +1021,82 @@ fn delta_reports_each_xid_once_across_a_restart() {
     );
     assert!(agent.terminate().success());
 }
+
+/// With delta temporality, a counter that goes on across a reboot (the GPU's lifetime ECC
+/// count, kept in its InfoROM) is reported once across a crash of the agent: the agent keeps
+/// its last exported value in `state_dir` while it runs, where the driver's counters (the
+/// volatile ECC count), with no clean stop's state to go on from, report their whole value
+/// again.
+#[test]
+fn delta_reports_a_lifetime_count_once_across_a_crash() {
+    let rx = Receiver::start();
+    let dir = support::temp_dir();
+    let scen = dir.join("one-gpu.toml");
+    std::fs::write(
+        &scen,
+        format!(
+            "base = {:?}\ngpu_count = 1\n",
+            support::scenario("h100-training.toml")
+                .display()
+                .to_string()
+        ),
+    )
+    .expect("scenario");
+    let scen = scen.display().to_string();
+    let first = support::free_port();
+    let cfg = config(
+        first,
+        &format!(
+            "endpoint = {:?}\nprotocol = \"grpc\"\ntemporality = \"delta\"\n",
+            rx.grpc_url()
+        ),
+    );
+    let state = cfg
+        .lines()
+        .find_map(|l| l.strip_prefix("state_dir = "))
+        .map(|s| std::path::PathBuf::from(s.trim_matches('"')))
+        .expect("state_dir");
+    // The scenario's counts: 17 corrected errors over the GPU's life, 2 since the driver loaded.
+    let lifetime =
+        |r: &otlp::Received| delta_sum(r, "gpu.ecc.errors.lifetime", "error.type", "corrected");
+    let volatile = |r: &otlp::Received| delta_sum(r, "hw.errors", "error.type", "corrected").0;
+
+    let agent = Agent::spawn_config(&scen, &cfg);
+    rx.wait_for(Duration::from_secs(20), "the lifetime count", |r| {
+        lifetime(r).0 >= 17.0
+    });
+    let kept = state.join("otlp-delta-lasting.json");
+    let t = Instant::now();
+    while !kept.exists() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(kept.exists(), "kept while running\n{}", agent.log());
+    // A crash: no clean stop, no saved state of this boot.
+    drop(agent);
+    assert!(!state.join("otlp-delta.json").exists());
+    let before = rx.with(|r| r.metrics.len());
+
+    let second = support::free_port();
+    let cfg = cfg.replace(
+        &format!("127.0.0.1:{first}"),
+        &format!("127.0.0.1:{second}"),
+    );
+    let agent = Agent::spawn_config(&scen, &cfg);
+    rx.wait_for(
+        Duration::from_secs(20),
+        "three exports after the crash",
+        |r| r.metrics.len() >= before + 3,
+    );
+    let (total, delta) = rx.with(lifetime);
+    assert!(delta, "gpu.ecc.errors.lifetime is exported as delta");
+    assert_eq!(total, 17.0, "reported once\n{}", agent.log());
+    assert!(
+        agent
+            .log()
+            .contains("go on from their last exported values"),
+        "{}",
+        agent.log()
+    );
+    // The driver's count, the control: its whole value once more after the crash.
+    assert_eq!(rx.with(volatile), 4.0);
+}

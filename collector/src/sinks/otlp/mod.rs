@@ -58,7 +58,8 @@ config_section! {
         /// OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, then "cumulative". With delta,
         /// a clean stop saves each counter's last value in `state_dir` and the next start (in
         /// the same boot) goes on from it; after a crash or a reboot the first export reports
-        /// each counter's whole value.
+        /// each counter's whole value, but for counters that outlive a reboot (the lifetime
+        /// ECC count, a BMC's counters), whose last values are kept while the agent runs.
         pub temporality: String = String::new(),
         /// CA certificates (PEM) to trust for https:// endpoints, besides the built-in roots.
         /// Empty: OTEL_EXPORTER_OTLP_CERTIFICATE.

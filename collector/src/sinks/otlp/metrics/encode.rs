@@ -21,7 +21,8 @@
 //! whole value the first time; after a reset, the new value), and gauges' and counters'
 //! start time is the previous export's time; up-down counters stay cumulative. What delta
 //! keeps per series (the last value, by a hash of metric and attributes) holds only the
-//! series of the last export.
+//! series of the last export, but for series that outlive the host's boot ([`outlives_boot`]),
+//! whose last values are kept whether seen or not, for `resume.rs` to keep across reboots.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -30,7 +31,19 @@ use prost::encoding::encoded_len_varint;
 
 use crate::model::registry::Kind;
 use crate::model::view::{View, names_identity};
-use crate::model::{REGISTRY, Sample};
+use crate::model::{Metric, REGISTRY, Sample};
+
+/// Series that outlive the boot whose last values an encoder keeps, at most: a node has a
+/// few hundred (two lifetime ECC counts a GPU, a BMC's energy counters).
+pub(super) const MAX_LASTING: usize = 4096;
+
+/// Whether a counter series goes on counting across the host's reboot, so that its whole
+/// value after a reboot was reported before it: a GPU's lifetime ECC count (kept in its
+/// InfoROM) and a BMC's counters (`junction.target`: energy a BMC counts while the host
+/// reboots). The driver's, the kernel's and the NICs' counters start again at a boot.
+pub(super) fn outlives_boot(s: &Sample) -> bool {
+    s.metric == Metric::EccErrorsLifetime || s.attr("junction.target").is_some()
+}
 
 /// Wire types.
 const VARINT: u8 = 0;
@@ -351,6 +364,11 @@ pub struct Encoder {
     /// Delta: each counter series' last value and the export that last saw it.
     previous: HashMap<u64, (f64, u64)>,
     generation: u64,
+    /// Delta: the last value of each series that outlives a boot ([`outlives_boot`]), kept
+    /// whether the last export had it or not (up to [`MAX_LASTING`]), and whether one changed
+    /// since [`Encoder::lasting_changed`] last said so.
+    lasting: HashMap<u64, f64>,
+    lasting_changed: bool,
     /// The metrics of the last request, in order.
     metrics: Vec<Written>,
     /// Each GPU's `hw.id` attribute, written once per export.
@@ -376,6 +394,8 @@ impl Encoder {
             last_ns: start_ns,
             previous: HashMap::new(),
             generation: 0,
+            lasting: HashMap::new(),
+            lasting_changed: false,
             metrics: Vec::new(),
             hw_ids: HwIds::new(),
             identities: Identities::new(),
@@ -421,6 +441,53 @@ impl Encoder {
             .map(|&(h, v)| (h, (v, self.generation)))
             .collect();
         true
+    }
+
+    /// With delta temporality, takes the last values of series that outlive a boot (a state
+    /// kept across reboots: [`Encoder::lasting_changed`]): such a series with no value of its
+    /// own in this encoder (none since its start or [`Encoder::resume`], or gone from the
+    /// last export) reports its increase since that value (its whole value where it went
+    /// back), not its whole value. At most [`MAX_LASTING`] are taken. How many were taken.
+    pub fn prime_lasting(&mut self, series: &[(u64, f64)]) -> usize {
+        if !self.delta {
+            return 0;
+        }
+        let mut n = 0;
+        for &(h, v) in series.iter().filter(|(_, v)| v.is_finite()) {
+            if self.lasting.len() >= MAX_LASTING {
+                break;
+            }
+            self.lasting.insert(h, v);
+            n += 1;
+        }
+        n
+    }
+
+    /// The last values of the series that outlive a boot, when one has changed (or was first
+    /// seen) since the last call; `None` when none has, and with cumulative temporality.
+    pub fn lasting_changed(&mut self) -> Option<Vec<(u64, f64)>> {
+        if !std::mem::take(&mut self.lasting_changed) {
+            return None;
+        }
+        Some(self.lasting.iter().map(|(h, v)| (*h, *v)).collect())
+    }
+
+    /// Notes a series' value where it outlives a boot.
+    fn note_lasting(&mut self, key: u64, value: f64) {
+        let full = self.lasting.len() >= MAX_LASTING;
+        match self.lasting.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                if e.get().to_bits() != value.to_bits() {
+                    e.insert(value);
+                    self.lasting_changed = true;
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(e) if !full => {
+                e.insert(value);
+                self.lasting_changed = true;
+            }
+            std::collections::hash_map::Entry::Vacant(_) => {}
+        }
     }
 
     /// Start time of a point of a metric of `kind`.
@@ -699,15 +766,26 @@ impl Encoder {
     }
 
     /// A counter's increase since the previous export (its value the first time, and after
-    /// the counter went back, as on a driver reload).
+    /// the counter went back, as on a driver reload); for a series that outlives a boot, the
+    /// first time is the first time it was kept ([`Encoder::prime_lasting`]).
     fn delta_of(&mut self, view: &View<'_>, i: usize, gpu: &str, s: &Sample) -> f64 {
         let key = series_key(REGISTRY[i].name, attributes(view, i, gpu, s));
         let slot = self
             .previous
             .entry(key)
             .or_insert((f64::NAN, self.generation));
-        let prev = slot.0;
+        let mut prev = slot.0;
         *slot = (s.value, self.generation);
+        if outlives_boot(s) {
+            // Unknown here (new since the start, or back after a gap): its last value of any
+            // run, kept across reboots.
+            if prev.is_nan()
+                && let Some(v) = self.lasting.get(&key)
+            {
+                prev = *v;
+            }
+            self.note_lasting(key, s.value);
+        }
         if prev.is_finite() && s.value >= prev {
             s.value - prev
         } else {

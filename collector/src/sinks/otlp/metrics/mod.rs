@@ -3,7 +3,8 @@
 //! `/metrics`) and sent (`send.rs`). A series the model no longer has (a process that ended,
 //! a lost GPU's readings) is simply not in the next request, so it stops being exported;
 //! nothing is kept per series but, with delta temporality, each counter's last value (saved
-//! at a clean stop for the next start to go on from: `resume.rs`).
+//! at a clean stop for the next start to go on from, and for counters that outlive a reboot
+//! also while running: `resume.rs`).
 //!
 //! With OTLP/HTTP and gzip, the request goes into the compressor a metric at a time: the
 //! data points (2.4 MB on the 64-GPU node) are written first, in one pass over the samples,
@@ -55,7 +56,7 @@ pub fn start(
     sender: Sender,
     envelope: Envelope,
     settings: &super::settings::Settings,
-    resume: Option<Resume>,
+    mut resume: Option<Resume>,
     model: Arc<Model>,
     stats: Arc<Stats>,
     panics: &crate::agent::ThreadPanics,
@@ -76,7 +77,15 @@ pub fn start(
             .thread_name("otlp-metrics-io")
             .build()
             .unwrap_or_else(|e| panic!("the OTLP metrics exporter's runtime: {e}"));
-        let encoder = runtime.block_on(run(sender, encoder, when, &model, &stats, stopped, &flag));
+        let encoder = runtime.block_on(run(
+            sender,
+            encoder,
+            when,
+            (&model, &stats),
+            stopped,
+            &flag,
+            resume.as_mut(),
+        ));
         if let Some(r) = resume {
             r.save(&encoder);
         }
@@ -109,10 +118,10 @@ async fn run(
     mut sender: Sender,
     mut encoder: Encoder,
     Every { interval, timeout }: Every,
-    model: &Model,
-    stats: &Stats,
+    (model, stats): (&Model, &Stats),
     mut stopped: tokio::sync::oneshot::Receiver<()>,
     flag: &AtomicBool,
+    mut resume: Option<&mut Resume>,
 ) -> Encoder {
     let mut next = Instant::now() + interval;
     // The view's lists, kept from one export to the next.
@@ -146,6 +155,9 @@ async fn run(
             outcome
         };
         stats.export(Signal::Metrics, &outcome);
+        if let Some(r) = resume.as_deref_mut() {
+            r.keep_lasting(&mut encoder, last);
+        }
         if last {
             return encoder;
         }

@@ -12,16 +12,33 @@
 //! reboot) and a build that keys series the same way; otherwise, and after a crash (no file),
 //! the first points are whole values as before. Removing the file at start is what keeps a
 //! start after a crash from going on from values that the crashed run reported past.
+//!
+//! Series that go on counting across a reboot (a GPU's lifetime ECC count, a BMC's energy:
+//! [`outlives_boot`](super::encode::outlives_boot)) would report their whole value again after
+//! every reboot and every crash, a value a backend already added up. Their last values go to a
+//! second file (`otlp-delta-lasting.json`) of any boot, written while the agent runs: after an
+//! export in which one changed, at most every [`LASTING_EVERY`], and at the last export. A
+//! start takes it (and keeps it) whatever the boot: such a series without a value of its own
+//! in the run (after a reboot or a crash, or back after a gap) reports its increase since its
+//! kept value. What rose in the last [`LASTING_EVERY`] before a crash is reported again.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::encode::{Encoder, series_key};
+use super::encode::{Encoder, MAX_LASTING, series_key};
 use crate::model::state::{StateDir, boot_id};
 
 /// The file in `state_dir` (`otlp-delta.json`).
 const FILE: &str = "otlp-delta";
+
+/// The file of the series that outlive a boot (`otlp-delta-lasting.json`).
+const LASTING: &str = "otlp-delta-lasting";
+
+/// The least time between two writes of [`LASTING`] while the agent runs (a BMC's energy
+/// changes at each of its polls).
+pub const LASTING_EVERY: Duration = Duration::from_secs(15);
 
 /// More series than a node has are not taken (the 64-GPU node has about 6,000 counter
 /// series).
@@ -41,6 +58,15 @@ struct Saved {
     series: Vec<(u64, f64)>,
 }
 
+/// What is kept of the series that outlive a boot, whatever the boot.
+#[derive(Debug, Serialize, Deserialize)]
+struct Lasting {
+    /// [`probe`] in the build that saved it.
+    probe: u64,
+    /// Each such series' last value, by its hash.
+    series: Vec<(u64, f64)>,
+}
+
 /// The key of a fixed series, as the encoder keys series ([`series_key`]).
 fn probe() -> u64 {
     series_key(
@@ -53,6 +79,10 @@ fn probe() -> u64 {
 pub struct Resume {
     state: StateDir,
     boot: String,
+    /// When [`LASTING`] was last written.
+    lasting_at: Option<Instant>,
+    /// Whether a failed write of [`LASTING`] was logged (once: it is tried again at each change).
+    lasting_warned: bool,
 }
 
 impl Resume {
@@ -61,12 +91,61 @@ impl Resume {
         Self {
             state: StateDir::open(state_dir),
             boot: boot_id(proc_root),
+            lasting_at: None,
+            lasting_warned: false,
         }
     }
 
     /// Goes on from what the last clean stop saved, when it is from this boot and this
-    /// build's keys, and removes it. Whether it went on.
+    /// build's keys, and removes it; then, whatever the boot, from the last values of the
+    /// series that outlive a boot (kept). Whether it went on from the clean stop.
     pub fn take(&self, encoder: &mut Encoder) -> bool {
+        let went_on = self.take_boot(encoder);
+        self.take_lasting(encoder);
+        went_on
+    }
+
+    /// The last values of the series that outlive a boot, when this build's keys saved them.
+    fn take_lasting(&self, encoder: &mut Encoder) {
+        let Some(saved) = self.state.load::<Lasting>(LASTING) else {
+            return;
+        };
+        if saved.probe != probe() {
+            tracing::info!(
+                "OTLP delta: the saved values of the counters that outlive a reboot are not used (another build saved them); their first export reports whole values"
+            );
+            return;
+        }
+        let n = encoder.prime_lasting(&saved.series[..saved.series.len().min(MAX_LASTING)]);
+        tracing::info!(
+            series = n,
+            "OTLP delta: the counters that outlive a reboot (lifetime ECC, BMC energy) go on from their last exported values"
+        );
+    }
+
+    /// Writes the last values of the series that outlive a boot where one changed, at most
+    /// every [`LASTING_EVERY`] unless `last` (the last export).
+    pub fn keep_lasting(&mut self, encoder: &mut Encoder, last: bool) {
+        if !last && self.lasting_at.is_some_and(|t| t.elapsed() < LASTING_EVERY) {
+            return;
+        }
+        let Some(series) = encoder.lasting_changed() else {
+            return;
+        };
+        self.lasting_at = Some(Instant::now());
+        let kept = Lasting {
+            probe: probe(),
+            series,
+        };
+        if let Err((path, e)) = self.state.store(LASTING, &kept)
+            && !std::mem::replace(&mut self.lasting_warned, true)
+        {
+            tracing::warn!(file = %path.display(), error = %e, "cannot save the last values of the OTLP counters that outlive a reboot; after a reboot or a crash their first export reports whole values");
+        }
+    }
+
+    /// [`Resume::take`]'s part for the clean stop of this boot.
+    fn take_boot(&self, encoder: &mut Encoder) -> bool {
         let saved: Option<Saved> = self.state.load(FILE);
         if saved.is_some()
             && let Err((path, e)) = self.state.remove(FILE)
@@ -170,6 +249,93 @@ mod tests {
         // A corrupt file starts clean too.
         std::fs::write(&file, b"{\"boot_id\":").expect("write");
         assert!(!r.take(&mut delta()));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// The values of the counters that outlive a reboot are written while the agent runs (a
+    /// change, at most every LASTING_EVERY, and at the last export), taken by a start in any
+    /// boot, crash or not, and kept; another build's are not taken.
+    #[test]
+    fn counters_that_outlive_a_reboot_are_kept_across_boots_and_crashes() {
+        use crate::model::view::Snapshot;
+        use crate::model::{Metric, Model, Sample};
+
+        let d = dir("lasting");
+        boot(&d, "boot-a");
+        let file = d.join("state/otlp-delta-lasting.json");
+        let bmc = |j: f64| {
+            let m = Model::new();
+            m.publish(
+                "redfish",
+                "bmc-a",
+                vec![
+                    Sample::new(Metric::BmcEnergy, j)
+                        .with("hw.id", "PSU0")
+                        .with("junction.target", "bmc-a"),
+                ],
+            );
+            m
+        };
+        let delta = || {
+            let envelope = super::super::encode::Envelope {
+                resource: Vec::new(),
+                schema_url: String::new(),
+                scope: (String::new(), String::new()),
+            };
+            Encoder::new(envelope, true, 10)
+        };
+        // The energy point of an export of `m`, read back from the request.
+        let energy = |e: &mut Encoder, m: &Model| -> f64 {
+            use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+            use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
+            use prost::Message as _;
+            let snap = Snapshot::take(m);
+            let (bytes, _) = e.encode(&snap.view(), 20);
+            let req = ExportMetricsServiceRequest::decode(bytes).expect("request");
+            let m = req.resource_metrics[0].scope_metrics[0]
+                .metrics
+                .iter()
+                .find(|m| m.name == "bmc.energy")
+                .expect("bmc.energy");
+            let Some(metric::Data::Sum(s)) = &m.data else {
+                panic!("a sum")
+            };
+            match s.data_points[0].value {
+                Some(number_data_point::Value::AsDouble(v)) => v,
+                ref other => panic!("{other:?}"),
+            }
+        };
+
+        let mut r = Resume::open(&d.join("state"), &d.join("proc"));
+        let mut e = delta();
+        assert!(!r.take(&mut e));
+        assert_eq!(energy(&mut e, &bmc(1000.0)), 1000.0);
+        r.keep_lasting(&mut e, false);
+        assert!(file.exists(), "written at the first change");
+        // Within LASTING_EVERY: not written again, until the last export.
+        energy(&mut e, &bmc(1100.0));
+        std::fs::remove_file(&file).expect("remove");
+        r.keep_lasting(&mut e, false);
+        assert!(!file.exists(), "not within LASTING_EVERY");
+        r.keep_lasting(&mut e, true);
+        assert!(file.exists(), "the last export writes it");
+
+        // A crash, then a reboot: no clean stop's state, the BMC's energy goes on.
+        boot(&d, "boot-b");
+        let r = Resume::open(&d.join("state"), &d.join("proc"));
+        let mut e = delta();
+        assert!(!r.take(&mut e), "no clean stop to go on from");
+        assert!(file.exists(), "kept after a start");
+        assert_eq!(energy(&mut e, &bmc(1250.0)), 150.0);
+        // Another build's keys: not taken.
+        let other = Lasting {
+            probe: probe() ^ 1,
+            series: vec![(1, 1.0)],
+        };
+        r.state.store(LASTING, &other).expect("stored");
+        let mut e = delta();
+        r.take(&mut e);
+        assert_eq!(energy(&mut e, &bmc(1250.0)), 1250.0);
         let _ = std::fs::remove_dir_all(&d);
     }
 }

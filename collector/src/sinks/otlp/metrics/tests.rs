@@ -316,6 +316,102 @@ fn delta_reports_each_counters_increase_and_forgets_series_that_went() {
     );
 }
 
+/// A node with one GPU (its lifetime and volatile ECC counts) and, where `bmc` is some, a
+/// BMC's energy counter of a power supply.
+fn lasting_model(ecc: f64, volatile: f64, bmc: Option<f64>) -> Arc<Model> {
+    let model = Model::new();
+    let slot = model.add_gpu(GpuInfo {
+        uuid: "GPU-1".into(),
+        ..Default::default()
+    });
+    lock(&slot).groups[Group::Errors.index()] = Arc::new(vec![
+        Sample::new(Metric::EccErrorsLifetime, ecc).with("error.type", "corrected"),
+        Sample::new(Metric::EccErrors, volatile)
+            .with("hw.type", "gpu")
+            .with("error.type", "corrected"),
+    ]);
+    if let Some(j) = bmc {
+        model.publish(
+            "redfish",
+            "bmc-a",
+            vec![
+                Sample::new(Metric::BmcEnergy, j)
+                    .with("hw.id", "PSU0")
+                    .with("hw.type", "power_supply")
+                    .with("junction.target", "bmc-a"),
+            ],
+        );
+    }
+    model
+}
+
+/// Counters that go on across a reboot (a GPU's lifetime ECC count, a BMC's energy): a start
+/// that does not go on from a stopped encoder (after a reboot or a crash) takes their last
+/// values and reports their increase, where the driver's counters report their whole value;
+/// a kept value also covers a gap in the series, and what is kept is bounded.
+#[test]
+fn counters_that_outlive_a_reboot_go_on_from_their_kept_values() {
+    let value = |p: &Points, name: &str| -> (f64, u64, u64) {
+        *p.iter()
+            .find(|((n, _), _)| n == name)
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| panic!("{name}: {p:?}"))
+    };
+    let mut before = Encoder::new(envelope(), true, 5);
+    assert!(before.lasting_changed().is_none(), "nothing yet");
+    let (_, p, _) = encode(&mut before, &lasting_model(3.0, 3.0, Some(1000.0)), 10);
+    assert_eq!(
+        value(&p, "gpu.ecc.errors.lifetime").0,
+        3.0,
+        "first seen: whole"
+    );
+    assert_eq!(value(&p, "bmc.energy").0, 1000.0);
+    assert_eq!(before.lasting_changed().map(|v| v.len()), Some(2));
+    assert!(before.lasting_changed().is_none(), "said once");
+    encode(&mut before, &lasting_model(3.0, 3.0, Some(1000.0)), 15);
+    assert!(before.lasting_changed().is_none(), "unchanged");
+    let (_, p, _) = encode(&mut before, &lasting_model(4.0, 4.0, Some(1100.0)), 20);
+    assert_eq!(value(&p, "gpu.ecc.errors.lifetime").0, 1.0);
+    let kept = before.lasting_changed().expect("changed");
+    assert_eq!(kept.len(), 2, "the volatile count is not kept: {kept:?}");
+
+    // A reboot: the volatile count started again; the lifetime count and the BMC went on.
+    let mut after = Encoder::new(envelope(), true, 30);
+    assert_eq!(after.prime_lasting(&kept), 2);
+    let (_, p, _) = encode(&mut after, &lasting_model(5.0, 1.0, Some(1500.0)), 40);
+    assert_eq!(value(&p, "gpu.ecc.errors.lifetime"), (1.0, 30, 40));
+    assert_eq!(value(&p, "bmc.energy"), (400.0, 30, 40));
+    assert_eq!(
+        value(&p, "hw.errors"),
+        (1.0, 30, 40),
+        "since the boot: whole"
+    );
+
+    // The BMC missed a poll: its series went from the export, and on its return reports its
+    // increase since its last value, not its whole value.
+    let (_, p, _) = encode(&mut after, &lasting_model(5.0, 1.0, None), 50);
+    assert!(p.keys().all(|(n, _)| n != "bmc.energy"));
+    let (_, p, _) = encode(&mut after, &lasting_model(5.0, 1.0, Some(1600.0)), 60);
+    assert_eq!(value(&p, "bmc.energy"), (100.0, 50, 60));
+    // A BMC counter that went back (the BMC was reset): its value.
+    let (_, p, _) = encode(&mut after, &lasting_model(5.0, 1.0, Some(20.0)), 70);
+    assert_eq!(value(&p, "bmc.energy"), (20.0, 60, 70));
+
+    // Cumulative takes none; at most MAX_LASTING are taken or kept.
+    let mut cumulative = Encoder::new(envelope(), false, 5);
+    assert_eq!(cumulative.prime_lasting(&kept), 0);
+    let many: Vec<(u64, f64)> = (0..MAX_LASTING as u64 + 10).map(|h| (h, 1.0)).collect();
+    let mut full = Encoder::new(envelope(), true, 5);
+    assert_eq!(full.prime_lasting(&many), MAX_LASTING);
+    let (_, p, _) = encode(&mut full, &lasting_model(3.0, 3.0, Some(1000.0)), 10);
+    assert_eq!(value(&p, "bmc.energy").0, 1000.0);
+    assert_eq!(
+        full.lasting_changed().map(|v| v.len()),
+        None,
+        "no room for new series"
+    );
+}
+
 #[test]
 fn constant_attributes_are_kept_up_to_a_bound_and_written_as_any_other_past_it() {
     // More distinct constant attributes than are kept: each is written the same bytes either
