@@ -6,8 +6,13 @@
 //! stops the rest. A held thread whose call returns finishes that GPU's cycle and ends if it
 //! has been replaced. Each GPU's state sits behind its own lock, and a thread skips a GPU
 //! another thread holds.
+//!
+//! The watchdog wakes every half deadline only while a call can be in flight: between rounds
+//! of the one collecting thread it sleeps until half a deadline after the next round is due
+//! (the thread says when before it sleeps). With the default intervals (5 s and more) it woke
+//! once a second for rounds that came every 5 s, a quarter of an idle agent's CPU.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::thread::{JoinHandle, Scope};
 use std::time::{Duration, Instant};
@@ -156,6 +161,31 @@ struct Crew<'n> {
     watched: Vec<Watched>,
     /// Collecting threads running.
     running: Mutex<usize>,
+    /// When the collecting thread's next round is due, in ns since `base` ([`NOT_SAID`]
+    /// before it first said).
+    next_round: AtomicU64,
+    base: Instant,
+}
+
+/// [`Crew::next_round`] before a collecting thread has said when its next round is.
+const NOT_SAID: u64 = u64::MAX;
+
+/// How long the watchdog sleeps after a round of its own, `period` apart while a call can be
+/// in flight: while more than one collecting thread runs (one is held), while a call is in
+/// flight or a GPU is marked stuck, or before the thread has said when its next round is.
+/// Otherwise until `period` after that round (a call that hangs in it is first seen then, and
+/// marked `period`s later: within the deadline and a half of its start, as at a steady
+/// `period`).
+fn watchdog_wait(
+    period: Duration,
+    running: usize,
+    busy: bool,
+    next_round: Option<Duration>,
+) -> Duration {
+    match next_round {
+        Some(until) if running <= 1 && !busy => until + period,
+        _ => period,
+    }
 }
 
 /// The watchdog's thread: starts the collecting thread and, in steady running, watches the
@@ -176,6 +206,8 @@ fn run(sh: &Shared, slots: Vec<Arc<Mutex<GpuSlot>>>) {
         seats,
         watched,
         running: Mutex::new(0),
+        next_round: AtomicU64::new(NOT_SAID),
+        base: Instant::now(),
     };
     std::thread::scope(|s| {
         if sh.once {
@@ -189,8 +221,10 @@ fn run(sh: &Shared, slots: Vec<Arc<Mutex<GpuSlot>>>) {
         // Half the deadline (50 ms to 1 s): a stuck call is reported within 1.5 deadlines.
         // At the default 2 s deadline this thread wakes once a second.
         let period = (sh.timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
-        while !sh.shutdown.sleep(period) {
+        let mut wait = period;
+        while !sh.shutdown.sleep(wait) {
             crew.watch(s);
+            wait = crew.watchdog_wait(period);
         }
     });
 }
@@ -263,6 +297,12 @@ impl<'n> Crew<'n> {
             let wait = next.map_or(Duration::from_secs(1), |t| {
                 t.saturating_duration_since(Instant::now())
             });
+            // Said before the sleep: the round after it starts no earlier.
+            let due = (Instant::now() + wait).saturating_duration_since(self.base);
+            self.next_round.store(
+                u64::try_from(due.as_nanos()).unwrap_or(NOT_SAID - 1),
+                Ordering::Relaxed,
+            );
             if self.sh.shutdown.sleep(wait) {
                 return;
             }
@@ -286,6 +326,22 @@ impl<'n> Crew<'n> {
         false
     }
 
+    /// How long the watchdog sleeps after its round ([`watchdog_wait`]).
+    fn watchdog_wait(&self, period: Duration) -> Duration {
+        let busy = self.watched.iter().any(|(_, b)| {
+            let b = lock(b);
+            b.call.is_some() || b.stuck
+        });
+        let running = *lock(&self.running);
+        let next_round = match self.next_round.load(Ordering::Relaxed) {
+            NOT_SAID => None,
+            ns => Some(
+                (self.base + Duration::from_nanos(ns)).saturating_duration_since(Instant::now()),
+            ),
+        };
+        watchdog_wait(period, running, busy, next_round)
+    }
+
     /// The watchdog's round: marks GPUs whose call has run past the deadline as stuck, and
     /// starts a thread for the others while every running thread is held.
     fn watch<'s>(&'s self, s: &'s Scope<'s, '_>) {
@@ -295,5 +351,31 @@ impl<'n> Crew<'n> {
         if running < want {
             self.spawn(s, 0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Between rounds of one thread, with no call in flight, the watchdog sleeps until half a
+    /// deadline after the next round; otherwise every half deadline.
+    #[test]
+    fn the_watchdog_sleeps_through_idle_time_only() {
+        let period = Duration::from_millis(250);
+        let next = Some(Duration::from_secs(4));
+        assert_eq!(
+            watchdog_wait(period, 1, false, next),
+            Duration::from_millis(4250)
+        );
+        // A round already due (or late): half a deadline from now.
+        assert_eq!(
+            watchdog_wait(period, 1, false, Some(Duration::ZERO)),
+            period
+        );
+        // A call in flight or marked stuck, a second thread (one is held), or no round said.
+        assert_eq!(watchdog_wait(period, 1, true, next), period);
+        assert_eq!(watchdog_wait(period, 2, false, next), period);
+        assert_eq!(watchdog_wait(period, 1, false, None), period);
     }
 }
