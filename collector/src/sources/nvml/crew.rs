@@ -219,7 +219,8 @@ fn run(sh: &Shared, slots: Vec<Arc<Mutex<GpuSlot>>>) {
         }
         crew.spawn(s, 0);
         // Half the deadline (50 ms to 1 s): a stuck call is reported within 1.5 deadlines.
-        // At the default 2 s deadline this thread wakes once a second.
+        // At the default 2 s deadline this thread wakes once a second while a call can be in
+        // flight, and otherwise once a round ([`watchdog_wait`]).
         let period = (sh.timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
         let mut wait = period;
         while !sh.shutdown.sleep(wait) {
