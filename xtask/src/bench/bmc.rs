@@ -146,9 +146,7 @@ pub fn run(bin: &Path, smoke: bool, dir: &Path) -> Result<Vec<Row>> {
     let sim_dir = dir.join("ipmi-sim");
     let _ = std::fs::remove_dir_all(&sim_dir);
     std::fs::create_dir_all(sim_dir.join("state"))?;
-    let udp = std::net::UdpSocket::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let udp = testkit::net::free_udp_port();
     let lan = std::fs::read_to_string(root().join("tests/fixtures/ipmi/lan.conf"))?
         .replace("addr 127.0.0.1 9001", &format!("addr 127.0.0.1 {udp}"))
         .replace("  console 127.0.0.1 9000\n", "");
