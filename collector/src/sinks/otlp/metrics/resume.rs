@@ -207,6 +207,16 @@ mod tests {
         d
     }
 
+    /// A delta encoder started at 10 ns, with an empty envelope.
+    fn delta() -> Encoder {
+        let envelope = super::super::encode::Envelope {
+            resource: Vec::new(),
+            schema_url: String::new(),
+            scope: (String::new(), String::new()),
+        };
+        Encoder::new(envelope, true, 10)
+    }
+
     fn boot(d: &Path, id: &str) {
         std::fs::write(d.join("proc/sys/kernel/random/boot_id"), format!("{id}\n")).expect("boot");
     }
@@ -224,14 +234,6 @@ mod tests {
             series: vec![(7, 3.0)],
         };
         let store = |s: Saved| r.state.store(FILE, &s).expect("stored");
-        let delta = || {
-            let envelope = super::super::encode::Envelope {
-                resource: Vec::new(),
-                schema_url: String::new(),
-                scope: (String::new(), String::new()),
-            };
-            Encoder::new(envelope, true, 10)
-        };
 
         // Nothing saved: nothing to go on from.
         assert!(!r.take(&mut delta()));
@@ -275,14 +277,6 @@ mod tests {
                 ],
             );
             m
-        };
-        let delta = || {
-            let envelope = super::super::encode::Envelope {
-                resource: Vec::new(),
-                schema_url: String::new(),
-                scope: (String::new(), String::new()),
-            };
-            Encoder::new(envelope, true, 10)
         };
         // The energy point of an export of `m`, read back from the request.
         let energy = |e: &mut Encoder, m: &Model| -> f64 {
