@@ -224,8 +224,8 @@ fn run(sh: &Shared, slots: Vec<Arc<Mutex<GpuSlot>>>) {
         let period = (sh.timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
         let mut wait = period;
         while !sh.shutdown.sleep(wait) {
-            crew.watch(s);
-            wait = crew.watchdog_wait(period);
+            let busy = crew.watch(s);
+            wait = crew.watchdog_wait(period, busy);
         }
     });
 }
@@ -295,15 +295,14 @@ impl<'n> Crew<'n> {
             } else if self.replaced() {
                 return;
             }
-            let wait = next.map_or(Duration::from_secs(1), |t| {
-                t.saturating_duration_since(Instant::now())
-            });
+            let due = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
             // Said before the sleep: the round after it starts no earlier.
-            let due = (Instant::now() + wait).saturating_duration_since(self.base);
+            let said = due.saturating_duration_since(self.base).as_nanos();
             self.next_round.store(
-                u64::try_from(due.as_nanos()).unwrap_or(NOT_SAID - 1),
+                u64::try_from(said).unwrap_or(NOT_SAID - 1),
                 Ordering::Relaxed,
             );
+            let wait = due.saturating_duration_since(Instant::now());
             if self.sh.shutdown.sleep(wait) {
                 return;
             }
@@ -327,12 +326,9 @@ impl<'n> Crew<'n> {
         false
     }
 
-    /// How long the watchdog sleeps after its round ([`watchdog_wait`]).
-    fn watchdog_wait(&self, period: Duration) -> Duration {
-        let busy = self.watched.iter().any(|(_, b)| {
-            let b = lock(b);
-            b.call.is_some() || b.stuck
-        });
+    /// How long the watchdog sleeps after its round ([`watchdog_wait`]), which found a call
+    /// in flight or not (`busy`).
+    fn watchdog_wait(&self, period: Duration, busy: bool) -> Duration {
         let running = *lock(&self.running);
         let next_round = match self.next_round.load(Ordering::Relaxed) {
             NOT_SAID => None,
@@ -344,14 +340,16 @@ impl<'n> Crew<'n> {
     }
 
     /// The watchdog's round: marks GPUs whose call has run past the deadline as stuck, and
-    /// starts a thread for the others while every running thread is held.
-    fn watch<'s>(&'s self, s: &'s Scope<'s, '_>) {
-        worker::watchdog(&self.watched, self.sh.timeout, &self.sh.model);
+    /// starts a thread for the others while every running thread is held. Whether a call
+    /// was in flight.
+    fn watch<'s>(&'s self, s: &'s Scope<'s, '_>) -> bool {
+        let in_flight = worker::watchdog(&self.watched, self.sh.timeout, &self.sh.model);
         let want = (self.held() + 1).min(self.seats.len());
         let running = *lock(&self.running);
         if running < want {
             self.spawn(s, 0);
         }
+        in_flight
     }
 }
 

@@ -389,13 +389,16 @@ pub(super) fn answers_again(ctx: &mut Ctx<'_>, retry_in: Duration) -> bool {
 /// seen in flight for `timeout`, so it has run at least that long (never early), and at most
 /// one round later than a clock read at its start would have marked it (the rounds come every
 /// half deadline, 50 ms to 1 s: at the default 2 s deadline within 3 s of its start).
-pub(super) fn watchdog(watched: &[Watched], timeout: Duration, model: &Model) {
+/// Whether a call was in flight on any GPU (a GPU marked stuck is in its call).
+pub(super) fn watchdog(watched: &[Watched], timeout: Duration, model: &Model) -> bool {
+    let mut in_flight = false;
     for (slot, busy) in watched {
         let mut busy = lock(busy);
         let Some((call, number)) = busy.call else {
             busy.seen = None;
             continue;
         };
+        in_flight = true;
         // The clock is read only for a call in flight (a round seldom finds one).
         let since = match busy.seen {
             Some((seen, at)) if seen == number => at,
@@ -432,6 +435,7 @@ pub(super) fn watchdog(watched: &[Watched], timeout: Duration, model: &Model) {
             why,
         );
     }
+    in_flight
 }
 
 #[cfg(test)]

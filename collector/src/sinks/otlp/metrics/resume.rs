@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::encode::{Encoder, MAX_LASTING, series_key};
+use super::encode::{Encoder, series_key};
 use crate::model::state::{StateDir, boot_id};
 
 /// The file in `state_dir` (`otlp-delta.json`).
@@ -116,7 +116,7 @@ impl Resume {
             );
             return;
         }
-        let n = encoder.prime_lasting(&saved.series[..saved.series.len().min(MAX_LASTING)]);
+        let n = encoder.prime_lasting(&saved.series);
         tracing::info!(
             series = n,
             "OTLP delta: the counters that outlive a reboot (lifetime ECC, BMC energy) go on from their last exported values"
