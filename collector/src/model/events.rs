@@ -3,6 +3,7 @@
 //! sink loses the oldest events (and knows how many), and never blocks a source.
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -254,19 +255,24 @@ impl EventLog {
         }
     }
 
-    /// Waits until an event with a sequence number of at least `from` exists, or `timeout`.
-    /// Returns true if one does.
-    pub fn wait(&self, from: u64, timeout: Duration) -> bool {
+    /// Waits until an event with a sequence number of at least `from` exists, `stop` is set
+    /// (and [`EventLog::wake`] called), or `timeout`. Returns true if such an event exists.
+    pub fn wait(&self, from: u64, stop: &AtomicBool, timeout: Duration) -> bool {
         let r = lock(&self.ring);
         let (r, _) = self
             .grew
-            .wait_timeout_while(r, timeout, |r| r.next <= from)
+            .wait_timeout_while(r, timeout, |r| {
+                r.next <= from && !stop.load(std::sync::atomic::Ordering::Relaxed)
+            })
             .unwrap_or_else(|e| e.into_inner());
         r.next > from
     }
 
-    /// Wakes every waiter (used at shutdown).
+    /// Wakes every waiter (at shutdown, once their `stop` flag is set). The log's lock is
+    /// taken first: a waiter that read the flag before it was set is already waiting by then,
+    /// and one that reads it after sees it set.
     pub fn wake(&self) {
+        drop(lock(&self.ring));
         self.grew.notify_all();
     }
 }
@@ -354,17 +360,36 @@ mod tests {
     fn waiting_wakes_on_append() {
         let log = Arc::new(EventLog::new(8));
         let l2 = log.clone();
-        let t = std::thread::spawn(move || l2.wait(0, Duration::from_secs(30)));
+        let never = AtomicBool::new(false);
+        let t = std::thread::spawn(move || l2.wait(0, &AtomicBool::new(false), LONG));
         std::thread::sleep(Duration::from_millis(20));
         let t0 = std::time::Instant::now();
         log.append(ev(1));
         assert!(t.join().expect("join"));
         // Woken by the append, not by the timeout (a lost notify would take 30 s).
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "woken after {:?}",
-            t0.elapsed()
-        );
-        assert!(!log.wait(1, Duration::from_millis(10)));
+        assert!(t0.elapsed() < LONG / 3, "woken after {:?}", t0.elapsed());
+        assert!(!log.wait(1, &never, Duration::from_millis(10)));
     }
+
+    /// A waiter with nothing to wait for sleeps until it is told to stop: set its flag, then
+    /// wake it, however the two race with its going to sleep.
+    #[test]
+    fn waiting_ends_when_told_to_stop() {
+        for pause in [0, 20] {
+            let log = Arc::new(EventLog::new(8));
+            let stop = Arc::new(AtomicBool::new(false));
+            let (l2, s2) = (log.clone(), stop.clone());
+            let t = std::thread::spawn(move || l2.wait(0, &s2, LONG));
+            std::thread::sleep(Duration::from_millis(pause));
+            let t0 = std::time::Instant::now();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            log.wake();
+            // No event: false, and at once rather than after the timeout.
+            assert!(!t.join().expect("join"));
+            assert!(t0.elapsed() < LONG / 3, "woken after {:?}", t0.elapsed());
+        }
+    }
+
+    /// Longer than any wait in these tests should take.
+    const LONG: Duration = Duration::from_secs(30);
 }

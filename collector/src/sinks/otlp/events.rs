@@ -29,6 +29,10 @@ const LINGER: Duration = Duration::from_millis(250);
 /// Retry waits: from this, doubling, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// With nothing to send, the thread sleeps until an event is appended or it is stopped
+/// (both wake it); this bounds the sleep all the same. It was a second: with no events,
+/// the thread woke once a second for nothing, 42 to 55 µs of CPU a second here.
+const IDLE_WAIT: Duration = Duration::from_secs(60);
 
 /// The running shipper.
 pub struct Shipper {
@@ -106,7 +110,7 @@ fn run(
                 return;
             }
             pending_since = None;
-            model.events.wait(cursor, Duration::from_secs(1));
+            model.events.wait(cursor, stopping, IDLE_WAIT);
             continue;
         }
         let since = *pending_since.get_or_insert_with(Instant::now);
