@@ -1022,13 +1022,13 @@ fn delta_reports_each_xid_once_across_a_restart() {
     assert!(agent.terminate().success());
 }
 
-/// With delta temporality, a counter that goes on across a reboot (the GPU's lifetime ECC
-/// count, kept in its InfoROM) is reported once across a crash of the agent: the agent keeps
-/// its last exported value in `state_dir` while it runs, where the driver's counters (the
-/// volatile ECC count), with no clean stop's state to go on from, report their whole value
-/// again.
+/// With delta temporality, counters are reported once across crashes of the agent: it saves
+/// its exports' counter values in `state_dir` while it runs, so a start after a crash goes
+/// on from the last save. The driver's count (the volatile ECC count) goes on within its
+/// boot and starts again after a reboot; the GPU's lifetime count (kept in its InfoROM)
+/// goes on across the reboot too.
 #[test]
-fn delta_reports_a_lifetime_count_once_across_a_crash() {
+fn delta_reports_counts_once_across_crashes_and_a_reboot() {
     let rx = Receiver::start();
     let dir = support::temp_dir();
     let scen = dir.join("one-gpu.toml");
@@ -1043,15 +1043,31 @@ fn delta_reports_a_lifetime_count_once_across_a_crash() {
     )
     .expect("scenario");
     let scen = scen.display().to_string();
+    // A /proc of the test's own, for the boot id: a simulated reboot is a new one.
+    let proc_dir = dir.join("proc");
+    let boot = |id: &str| {
+        let p = proc_dir.join("sys/kernel/random");
+        std::fs::create_dir_all(&p).expect("proc dir");
+        std::fs::write(p.join("boot_id"), format!("{id}\n")).expect("boot_id");
+    };
+    // One config (its state directory is made anew at each call), on a new port each run.
     let first = support::free_port();
-    let cfg = config(
+    let base = config(
         first,
         &format!(
             "endpoint = {:?}\nprotocol = \"grpc\"\ntemporality = \"delta\"\n",
             rx.grpc_url()
         ),
+    )
+    .replace(
+        &format!(
+            "proc_root = {:?}",
+            support::empty_proc().display().to_string()
+        ),
+        &format!("proc_root = {:?}", proc_dir.display().to_string()),
     );
-    let state = cfg
+    let cfg = |port: u16| base.replace(&format!("127.0.0.1:{first}"), &format!("127.0.0.1:{port}"));
+    let state = base
         .lines()
         .find_map(|l| l.strip_prefix("state_dir = "))
         .map(|s| std::path::PathBuf::from(s.trim_matches('"')))
@@ -1059,44 +1075,49 @@ fn delta_reports_a_lifetime_count_once_across_a_crash() {
     // The scenario's counts: 17 corrected errors over the GPU's life, 2 since the driver loaded.
     let lifetime =
         |r: &otlp::Received| delta_sum(r, "gpu.ecc.errors.lifetime", "error.type", "corrected");
-    let volatile = |r: &otlp::Received| delta_sum(r, "hw.errors", "error.type", "corrected").0;
+    let volatile = |r: &otlp::Received| delta_sum(r, "hw.errors", "error.type", "corrected");
+    // Runs the agent until three exports are in and both files are written, then kills it.
+    let crash = |why: &str| {
+        let before = rx.with(|r| r.metrics.len());
+        let agent = Agent::spawn_config(&scen, &cfg(support::free_port()));
+        rx.wait_for(Duration::from_secs(20), why, |r| {
+            r.metrics.len() >= before + 3
+        });
+        for file in ["otlp-delta.json", "otlp-delta-lasting.json"] {
+            let t = Instant::now();
+            while !state.join(file).exists() && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            assert!(
+                state.join(file).exists(),
+                "{file} while running\n{}",
+                agent.log()
+            );
+        }
+        let log = agent.log();
+        drop(agent);
+        log
+    };
+    let totals = || {
+        let ((life, d1), (vol, d2)) = rx.with(|r| (lifetime(r), volatile(r)));
+        assert!(d1 && d2, "exported as delta");
+        (life, vol)
+    };
 
-    let agent = Agent::spawn_config(&scen, &cfg);
-    rx.wait_for(Duration::from_secs(20), "the lifetime count", |r| {
-        lifetime(r).0 >= 17.0
-    });
-    let kept = state.join("otlp-delta-lasting.json");
-    let t = Instant::now();
-    while !kept.exists() && t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(kept.exists(), "kept while running\n{}", agent.log());
-    // A crash: no clean stop, no saved state of this boot.
-    drop(agent);
-    assert!(!state.join("otlp-delta.json").exists());
-    let before = rx.with(|r| r.metrics.len());
-
-    let second = support::free_port();
-    let cfg = cfg.replace(
-        &format!("127.0.0.1:{first}"),
-        &format!("127.0.0.1:{second}"),
-    );
-    let agent = Agent::spawn_config(&scen, &cfg);
-    rx.wait_for(
-        Duration::from_secs(20),
-        "three exports after the crash",
-        |r| r.metrics.len() >= before + 3,
-    );
-    let (total, delta) = rx.with(lifetime);
-    assert!(delta, "gpu.ecc.errors.lifetime is exported as delta");
-    assert_eq!(total, 17.0, "reported once\n{}", agent.log());
+    boot("boot-a");
+    crash("three exports");
+    assert_eq!(totals(), (17.0, 2.0));
+    // A crash, and a start in the same boot: both go on.
+    let log = crash("three exports after a crash");
+    assert_eq!(totals(), (17.0, 2.0), "reported once\n{log}");
+    assert!(log.contains("going on from the last export"), "{log}");
+    // A reboot: the driver's count starts again (the simulator's is 2 again), the lifetime
+    // count goes on.
+    boot("boot-b");
+    let log = crash("three exports after a reboot");
+    assert_eq!(totals(), (17.0, 4.0), "{log}");
     assert!(
-        agent
-            .log()
-            .contains("go on from their last exported values"),
-        "{}",
-        agent.log()
+        log.contains("go on from their last exported values"),
+        "{log}"
     );
-    // The driver's count, the control: its whole value once more after the crash.
-    assert_eq!(rx.with(volatile), 4.0);
 }

@@ -56,10 +56,12 @@ config_section! {
         pub interval_secs: u64 = 0,
         /// "cumulative" or "delta" (counters only; most backends want cumulative). Empty:
         /// OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, then "cumulative". With delta,
-        /// a clean stop saves each counter's last value in `state_dir` and the next start (in
-        /// the same boot) goes on from it; after a crash or a reboot the first export reports
-        /// each counter's whole value, but for counters that outlive a reboot (the lifetime
-        /// ECC count, a BMC's counters), whose last values are kept while the agent runs.
+        /// each counter's exported value is saved in `state_dir` while the agent runs (at
+        /// most every 15 s, and at a clean stop) and the next start in the same boot goes on
+        /// from it: after a crash, at most what the last 15 s of exports reported is reported
+        /// again.
+        /// After a reboot the first export reports each counter's whole value, but for
+        /// counters that outlive a reboot (the lifetime ECC count, a BMC's counters).
         pub temporality: String = String::new(),
         /// CA certificates (PEM) to trust for https:// endpoints, besides the built-in roots.
         /// Empty: OTEL_EXPORTER_OTLP_CERTIFICATE.

@@ -3,8 +3,7 @@
 //! `/metrics`) and sent (`send.rs`). A series the model no longer has (a process that ended,
 //! a lost GPU's readings) is simply not in the next request, so it stops being exported;
 //! nothing is kept per series but, with delta temporality, each counter's last value (saved
-//! at a clean stop for the next start to go on from, and for counters that outlive a reboot
-//! also while running: `resume.rs`).
+//! while running and at the last export, for the next start to go on from: `resume.rs`).
 //!
 //! With OTLP/HTTP and gzip, the request goes into the compressor a metric at a time: the
 //! data points (2.4 MB on the 64-GPU node) are written first, in one pass over the samples,
@@ -50,8 +49,8 @@ fn unix_ns(t: SystemTime) -> u64 {
 }
 
 /// Starts the exporter thread. With `resume` (the sink passes one for delta temporality), the
-/// first export goes on from the last clean stop's, and the last export's state is saved for
-/// the next start.
+/// first export goes on from the last one saved, and exports are saved for the next start
+/// (`resume.rs`).
 pub fn start(
     sender: Sender,
     envelope: Envelope,
@@ -77,7 +76,7 @@ pub fn start(
             .thread_name("otlp-metrics-io")
             .build()
             .unwrap_or_else(|e| panic!("the OTLP metrics exporter's runtime: {e}"));
-        let encoder = runtime.block_on(run(
+        runtime.block_on(run(
             sender,
             encoder,
             when,
@@ -86,9 +85,6 @@ pub fn start(
             &flag,
             resume.as_mut(),
         ));
-        if let Some(r) = resume {
-            r.save(&encoder);
-        }
     })?;
     Ok(Exporter {
         stop,
@@ -122,7 +118,7 @@ async fn run(
     mut stopped: tokio::sync::oneshot::Receiver<()>,
     flag: &AtomicBool,
     mut resume: Option<&mut Resume>,
-) -> Encoder {
+) {
     let mut next = Instant::now() + interval;
     // The view's lists, kept from one export to the next.
     let mut lists = Lists::default();
@@ -156,10 +152,10 @@ async fn run(
         };
         stats.export(Signal::Metrics, &outcome);
         if let Some(r) = resume.as_deref_mut() {
-            r.keep_lasting(&mut encoder, last);
+            r.keep(&mut encoder, last);
         }
         if last {
-            return encoder;
+            return;
         }
         next += interval;
         let now = Instant::now();

@@ -3,24 +3,26 @@
 //! the counter's whole value. For the hardware's counters (energy since the driver loaded,
 //! ECC and NVLink errors, the XIDs of this boot, which the kernel-log source keeps across
 //! restarts) that whole value was already reported, so a backend that adds up deltas counted
-//! it again at every restart of the agent. At a clean stop the exporter saves, after its last
-//! export, that export's time and each counter series' last value (`otlp-delta.json` in
-//! `state_dir`); the next start takes them and removes the file, so its first points are the
-//! increase since that export, from that export's time.
+//! it again at every restart of the agent. So the exporter saves an export's time and each
+//! counter series' value in it (`otlp-delta.json` in `state_dir`) while it runs: after its
+//! first export, then at most every [`KEEP_EVERY`], and after its last export. A start takes
+//! them: its first points are the increase since that export, from that export's time.
 //!
-//! The file is used once, and only from the same boot (the driver's counters start again at a
-//! reboot) and a build that keys series the same way; otherwise, and after a crash (no file),
-//! the first points are whole values as before. Removing the file at start is what keeps a
-//! start after a crash from going on from values that the crashed run reported past.
+//! The file is used only from the same boot (the driver's counters start again at a reboot)
+//! and a build that keys series the same way; otherwise the first points are whole values.
+//! It is kept when taken: a start that crashes before its first export leaves it for the next
+//! (which then goes on from the same export, none having been made since). After a crash,
+//! what rose between the last save and the crash is reported again: at most [`KEEP_EVERY`] and
+//! an interval of increase, where before the file was written only at a clean stop a crash
+//! made every counter report its whole value again. A save that fails removes the file, so
+//! that a later start never goes on from values older than the last save.
 //!
 //! Series that go on counting across a reboot (a GPU's lifetime ECC count, a BMC's energy:
 //! [`outlives_boot`](super::encode::outlives_boot)) would report their whole value again after
-//! every reboot and every crash, a value a backend already added up. Their last values go to a
-//! second file (`otlp-delta-lasting.json`) of any boot, written while the agent runs: after an
-//! export in which one changed, at most every [`LASTING_EVERY`], and at the last export. A
+//! every reboot, a value a backend already added up. Their last values go to a second file
+//! (`otlp-delta-lasting.json`) of any boot, written in the same way (when one changed). A
 //! start takes it (and keeps it) whatever the boot: such a series without a value of its own
-//! in the run (after a reboot or a crash, or back after a gap) reports its increase since its
-//! kept value. What rose in the last [`LASTING_EVERY`] before a crash is reported again.
+//! in the run (after a reboot, or back after a gap) reports its increase since its kept value.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -36,15 +38,15 @@ const FILE: &str = "otlp-delta";
 /// The file of the series that outlive a boot (`otlp-delta-lasting.json`).
 const LASTING: &str = "otlp-delta-lasting";
 
-/// The least time between two writes of [`LASTING`] while the agent runs (a BMC's energy
-/// changes at each of its polls).
-pub const LASTING_EVERY: Duration = Duration::from_secs(15);
+/// The least time between two writes of each file while the agent runs (counters change at
+/// nearly every export; each write is synced to disk).
+pub const KEEP_EVERY: Duration = Duration::from_secs(15);
 
 /// More series than a node has are not taken (the 64-GPU node has about 6,000 counter
 /// series).
 const MAX_SERIES: usize = 1 << 20;
 
-/// What a clean stop saves.
+/// What is saved of this boot's counters.
 #[derive(Debug, Serialize, Deserialize)]
 struct Saved {
     /// The boot it was saved in.
@@ -79,6 +81,10 @@ fn probe() -> u64 {
 pub struct Resume {
     state: StateDir,
     boot: String,
+    /// When [`FILE`] was last written.
+    saved_at: Option<Instant>,
+    /// Whether a failed write of [`FILE`] was logged (once: it is tried again at each save).
+    save_warned: bool,
     /// When [`LASTING`] was last written.
     lasting_at: Option<Instant>,
     /// Whether a failed write of [`LASTING`] was logged (once: it is tried again at each change).
@@ -91,14 +97,16 @@ impl Resume {
         Self {
             state: StateDir::open(state_dir),
             boot: boot_id(proc_root),
+            saved_at: None,
+            save_warned: false,
             lasting_at: None,
             lasting_warned: false,
         }
     }
 
-    /// Goes on from what the last clean stop saved, when it is from this boot and this
-    /// build's keys, and removes it; then, whatever the boot, from the last values of the
-    /// series that outlive a boot (kept). Whether it went on from the clean stop.
+    /// Goes on from the last export saved, when it is from this boot and this build's keys;
+    /// then, whatever the boot, from the last values of the series that outlive a boot. Both
+    /// files are kept. Whether it went on from this boot's.
     pub fn take(&self, encoder: &mut Encoder) -> bool {
         let went_on = self.take_boot(encoder);
         self.take_lasting(encoder);
@@ -123,10 +131,45 @@ impl Resume {
         );
     }
 
-    /// Writes the last values of the series that outlive a boot where one changed, at most
-    /// every [`LASTING_EVERY`] unless `last` (the last export).
-    pub fn keep_lasting(&mut self, encoder: &mut Encoder, last: bool) {
-        if !last && self.lasting_at.is_some_and(|t| t.elapsed() < LASTING_EVERY) {
+    /// After an export: saves this boot's counters (after the first export, then at most every
+    /// [`KEEP_EVERY`]) and the last values of the series that outlive a boot where one
+    /// changed (at most every [`KEEP_EVERY`]); both whatever the time if `last` (the last
+    /// export).
+    pub fn keep(&mut self, encoder: &mut Encoder, last: bool) {
+        self.keep_boot(encoder, last);
+        self.keep_lasting(encoder, last);
+    }
+
+    fn keep_boot(&mut self, encoder: &Encoder, last: bool) {
+        if !last && self.saved_at.is_some_and(|t| t.elapsed() < KEEP_EVERY) {
+            return;
+        }
+        let Some((last_ns, series)) = encoder.delta_state() else {
+            return;
+        };
+        self.saved_at = Some(Instant::now());
+        let saved = Saved {
+            boot_id: self.boot.clone(),
+            probe: probe(),
+            last_ns,
+            series,
+        };
+        let Err((path, e)) = self.state.store(FILE, &saved) else {
+            return;
+        };
+        // An older save, taken after a crash, would report again all that rose since it.
+        let removed = self.state.remove(FILE).is_ok();
+        if !std::mem::replace(&mut self.save_warned, true) {
+            if removed {
+                tracing::warn!(file = %path.display(), error = %e, "cannot save the OTLP delta state; after a restart the first export reports whole counter values");
+            } else {
+                tracing::error!(file = %path.display(), error = %e, "cannot save or remove the OTLP delta state; after a crash the first export reports again what rose since the file's last save (remove it)");
+            }
+        }
+    }
+
+    fn keep_lasting(&mut self, encoder: &mut Encoder, last: bool) {
+        if !last && self.lasting_at.is_some_and(|t| t.elapsed() < KEEP_EVERY) {
             return;
         }
         let Some(series) = encoder.lasting_changed() else {
@@ -140,21 +183,15 @@ impl Resume {
         if let Err((path, e)) = self.state.store(LASTING, &kept)
             && !std::mem::replace(&mut self.lasting_warned, true)
         {
-            tracing::warn!(file = %path.display(), error = %e, "cannot save the last values of the OTLP counters that outlive a reboot; after a reboot or a crash their first export reports whole values");
+            tracing::warn!(file = %path.display(), error = %e, "cannot save the last values of the OTLP counters that outlive a reboot; after a reboot their first export reports whole values");
         }
     }
 
-    /// [`Resume::take`]'s part for the clean stop of this boot.
+    /// [`Resume::take`]'s part for this boot's counters.
     fn take_boot(&self, encoder: &mut Encoder) -> bool {
-        let saved: Option<Saved> = self.state.load(FILE);
-        if saved.is_some()
-            && let Err((path, e)) = self.state.remove(FILE)
-        {
-            // Kept, it would be taken again after a crash: not gone on from.
-            tracing::warn!(file = %path.display(), error = %e, "cannot remove the saved OTLP delta state; the first export reports whole counter values");
+        let Some(saved) = self.state.load::<Saved>(FILE) else {
             return false;
-        }
-        let Some(saved) = saved else { return false };
+        };
         let why = if self.boot.is_empty() || saved.boot_id != self.boot {
             "it is from an earlier boot"
         } else if saved.probe != probe() {
@@ -175,22 +212,6 @@ impl Resume {
         );
         false
     }
-
-    /// Saves the encoder's delta state for the next start (after the last export).
-    pub fn save(&self, encoder: &Encoder) {
-        let Some((last_ns, series)) = encoder.delta_state() else {
-            return;
-        };
-        let saved = Saved {
-            boot_id: self.boot.clone(),
-            probe: probe(),
-            last_ns,
-            series,
-        };
-        if let Err((path, e)) = self.state.store(FILE, &saved) {
-            tracing::warn!(file = %path.display(), error = %e, "cannot save the OTLP delta state; after the restart the first export reports whole counter values");
-        }
-    }
 }
 
 #[cfg(test)]
@@ -209,20 +230,47 @@ mod tests {
 
     /// A delta encoder started at 10 ns, with an empty envelope.
     fn delta() -> Encoder {
+        delta_at(10)
+    }
+
+    /// A delta encoder started at `start_ns`, with an empty envelope.
+    fn delta_at(start_ns: u64) -> Encoder {
         let envelope = super::super::encode::Envelope {
             resource: Vec::new(),
             schema_url: String::new(),
             scope: (String::new(), String::new()),
         };
-        Encoder::new(envelope, true, 10)
+        Encoder::new(envelope, true, start_ns)
     }
 
     fn boot(d: &Path, id: &str) {
         std::fs::write(d.join("proc/sys/kernel/random/boot_id"), format!("{id}\n")).expect("boot");
     }
 
+    /// The value of `metric`'s first point in an export of `m` at `now_ns`.
+    fn point(e: &mut Encoder, m: &crate::model::Model, metric: &str, now_ns: u64) -> f64 {
+        use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+        use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
+        use prost::Message as _;
+        let snap = crate::model::view::Snapshot::take(m);
+        let (bytes, _) = e.encode(&snap.view(), now_ns);
+        let req = ExportMetricsServiceRequest::decode(bytes).expect("request");
+        let m = req.resource_metrics[0].scope_metrics[0]
+            .metrics
+            .iter()
+            .find(|m| m.name == metric)
+            .unwrap_or_else(|| panic!("{metric}"));
+        let Some(metric::Data::Sum(s)) = &m.data else {
+            panic!("a sum")
+        };
+        match s.data_points[0].value {
+            Some(number_data_point::Value::AsDouble(v)) => v,
+            ref other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
-    fn a_saved_state_is_taken_once_and_only_in_its_boot_and_build() {
+    fn a_saved_state_is_taken_only_in_its_boot_and_build_and_kept() {
         let d = dir("once");
         boot(&d, "boot-a");
         let r = Resume::open(&d.join("state"), &d.join("proc"));
@@ -237,16 +285,16 @@ mod tests {
 
         // Nothing saved: nothing to go on from.
         assert!(!r.take(&mut delta()));
-        // Saved in this boot by this build: taken, and the file is gone.
+        // Saved in this boot by this build: taken, and kept (a start that crashes before its
+        // first export leaves it to the next, which goes on from the same export).
         store(saved("boot-a", probe()));
         assert!(r.take(&mut delta()));
-        assert!(!file.exists(), "taken once");
-        assert!(!r.take(&mut delta()));
-        // From another boot, or keyed by another build: removed, not used.
+        assert!(file.exists(), "kept");
+        assert!(r.take(&mut delta()));
+        // From another boot, or keyed by another build: not used.
         for s in [saved("boot-b", probe()), saved("boot-a", probe() ^ 1)] {
             store(s);
             assert!(!r.take(&mut delta()));
-            assert!(!file.exists());
         }
         // A corrupt file starts clean too.
         std::fs::write(&file, b"{\"boot_id\":").expect("write");
@@ -254,12 +302,65 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// This boot's counters are saved while the agent runs (the first export, then at most
+    /// every KEEP_EVERY, and the last export): a start after a crash goes on from the last
+    /// save. A save that fails removes the file rather than leave an older one to be taken.
+    #[test]
+    fn this_boots_counters_are_saved_while_running_for_a_start_after_a_crash() {
+        use crate::model::{Metric, Model, Sample};
+
+        let d = dir("running");
+        boot(&d, "boot-a");
+        let file = d.join("state/otlp-delta.json");
+        let gpu = |errors: f64| {
+            let m = Model::new();
+            m.publish(
+                "nvml",
+                "gpu0",
+                vec![
+                    Sample::new(Metric::EccErrors, errors)
+                        .with("hw.id", "GPU-0")
+                        .with("error.type", "corrected"),
+                ],
+            );
+            m
+        };
+        let errors = |e: &mut Encoder, n: f64, at: u64| point(e, &gpu(n), "hw.errors", at);
+
+        let mut r = Resume::open(&d.join("state"), &d.join("proc"));
+        let mut e = delta();
+        assert!(!r.take(&mut e));
+        assert_eq!(errors(&mut e, 5.0, 20), 5.0);
+        r.keep(&mut e, false);
+        assert!(file.exists(), "saved after the first export");
+        // Within KEEP_EVERY: not saved again; the last export is.
+        assert_eq!(errors(&mut e, 7.0, 30), 2.0);
+        r.keep(&mut e, false);
+        assert_eq!(r.state.load::<Saved>(FILE).expect("saved").last_ns, 20);
+        assert_eq!(errors(&mut e, 8.0, 40), 1.0);
+        r.keep(&mut e, true);
+        let saved: Saved = r.state.load(FILE).expect("saved");
+        assert_eq!((saved.last_ns, saved.series.len()), (40, 1));
+
+        // A crash after that save (say after one more export, of 9): the next start goes on
+        // from the save (8 at 40), so only what rose since it is reported again.
+        let mut e = delta_at(45);
+        assert!(r.take(&mut e));
+        assert_eq!(errors(&mut e, 10.0, 50), 2.0);
+
+        // The save fails (its temporary file cannot be made): the older file is removed.
+        std::fs::create_dir(d.join(format!("state/.otlp-delta.json.{}.tmp", std::process::id())))
+            .expect("block the temporary file");
+        r.keep(&mut e, true);
+        assert!(!file.exists(), "an older save is not left to be taken");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     /// The values of the counters that outlive a reboot are written while the agent runs (a
-    /// change, at most every LASTING_EVERY, and at the last export), taken by a start in any
+    /// change, at most every KEEP_EVERY, and at the last export), taken by a start in any
     /// boot, crash or not, and kept; another build's are not taken.
     #[test]
     fn counters_that_outlive_a_reboot_are_kept_across_boots_and_crashes() {
-        use crate::model::view::Snapshot;
         use crate::model::{Metric, Model, Sample};
 
         let d = dir("lasting");
@@ -278,27 +379,7 @@ mod tests {
             );
             m
         };
-        // The energy point of an export of `m`, read back from the request.
-        let energy = |e: &mut Encoder, m: &Model| -> f64 {
-            use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-            use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
-            use prost::Message as _;
-            let snap = Snapshot::take(m);
-            let (bytes, _) = e.encode(&snap.view(), 20);
-            let req = ExportMetricsServiceRequest::decode(bytes).expect("request");
-            let m = req.resource_metrics[0].scope_metrics[0]
-                .metrics
-                .iter()
-                .find(|m| m.name == "bmc.energy")
-                .expect("bmc.energy");
-            let Some(metric::Data::Sum(s)) = &m.data else {
-                panic!("a sum")
-            };
-            match s.data_points[0].value {
-                Some(number_data_point::Value::AsDouble(v)) => v,
-                ref other => panic!("{other:?}"),
-            }
-        };
+        let energy = |e: &mut Encoder, m: &Model| point(e, m, "bmc.energy", 20);
 
         let mut r = Resume::open(&d.join("state"), &d.join("proc"));
         let mut e = delta();
@@ -306,19 +387,19 @@ mod tests {
         assert_eq!(energy(&mut e, &bmc(1000.0)), 1000.0);
         r.keep_lasting(&mut e, false);
         assert!(file.exists(), "written at the first change");
-        // Within LASTING_EVERY: not written again, until the last export.
+        // Within KEEP_EVERY: not written again, until the last export.
         energy(&mut e, &bmc(1100.0));
         std::fs::remove_file(&file).expect("remove");
         r.keep_lasting(&mut e, false);
-        assert!(!file.exists(), "not within LASTING_EVERY");
+        assert!(!file.exists(), "not within KEEP_EVERY");
         r.keep_lasting(&mut e, true);
         assert!(file.exists(), "the last export writes it");
 
-        // A crash, then a reboot: no clean stop's state, the BMC's energy goes on.
+        // A reboot: nothing of this boot to go on from, the BMC's energy goes on.
         boot(&d, "boot-b");
         let r = Resume::open(&d.join("state"), &d.join("proc"));
         let mut e = delta();
-        assert!(!r.take(&mut e), "no clean stop to go on from");
+        assert!(!r.take(&mut e), "nothing of this boot to go on from");
         assert!(file.exists(), "kept after a start");
         assert_eq!(energy(&mut e, &bmc(1250.0)), 150.0);
         // Another build's keys: not taken.
