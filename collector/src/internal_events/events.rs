@@ -340,6 +340,35 @@ impl InternalEvent for TargetPollFailed<'_> {
     }
 }
 
+/// A BMC target reported more components or readings than are kept of one target.
+pub struct TargetTooLarge<'a> {
+    /// redfish or ipmi.
+    pub source: &'static str,
+    /// The target.
+    pub target: &'a str,
+    /// "components" or "readings".
+    pub what: &'static str,
+    /// How many it reported.
+    pub found: usize,
+    /// How many are kept.
+    pub kept: usize,
+}
+
+impl InternalEvent for TargetTooLarge<'_> {
+    fn key(&self) -> Key {
+        Key {
+            source: self.source,
+            stage: "poll",
+            error_type: "too_large",
+            subject: Subject::Target(self.target.to_string()),
+        }
+    }
+
+    fn log(&self, suppressed: u64) {
+        tracing::warn!(target = %self.target, found = self.found, kept = self.kept, suppressed, "{} target reported more {} than Junction keeps of one target; the rest are left out (a real BMC reports a few hundred: check the target's firmware)", source_name(self.source), self.what);
+    }
+}
+
 /// A BMC target that cannot be polled at all (its password, CA or work directory).
 pub struct TargetUnusable<'a> {
     /// redfish or ipmi.

@@ -10,7 +10,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::internal_events::{self, InternalEvent, TargetPollFailed, TargetUnusable};
+use crate::internal_events::{
+    self, InternalEvent, TargetPollFailed, TargetTooLarge, TargetUnusable,
+};
 use crate::model::bmc::{Poll, TargetsUp};
 use crate::model::{Metric, Model, Sample};
 use crate::shutdown::Shutdown;
@@ -55,6 +57,29 @@ pub trait Target: Send + Sync + Sized + 'static {
     }
 }
 
+/// Components and readings kept of one target's poll, each. The largest real BMC among the
+/// captures in `realworld/redfish` (an NVIDIA GH200's) has about 270 sensors; a BMC that
+/// reports more than this (a defect, or a hostile one: an expanded collection of 16 MiB can
+/// hold tens of thousands) would otherwise grow every export, the model and the kept OTLP
+/// state with it. Past it, the rest are left out and said (`junction_source_errors_total`
+/// with `error.type` `too_large`).
+pub const MAX_PER_TARGET: usize = 4096;
+
+/// Cuts a poll to [`MAX_PER_TARGET`] components and readings; what was cut, as
+/// (what, found).
+fn bound(poll: &mut Poll) -> Vec<(&'static str, usize)> {
+    let mut cut = Vec::new();
+    if poll.components.len() > MAX_PER_TARGET {
+        cut.push(("components", poll.components.len()));
+        poll.components.truncate(MAX_PER_TARGET);
+    }
+    if poll.readings.len() > MAX_PER_TARGET {
+        cut.push(("readings", poll.readings.len()));
+        poll.readings.truncate(MAX_PER_TARGET);
+    }
+    cut
+}
+
 /// One target and what its polls have counted.
 struct Polled<T> {
     target: T,
@@ -89,7 +114,17 @@ impl<T: Target> Polled<T> {
             });
         let elapsed = start.elapsed();
         let outcome = match result {
-            Ok(poll) => {
+            Ok(mut poll) => {
+                for (what, found) in bound(&mut poll) {
+                    TargetTooLarge {
+                        source: T::SOURCE,
+                        target: &self.name,
+                        what,
+                        found,
+                        kept: MAX_PER_TARGET,
+                    }
+                    .emit(model);
+                }
                 if std::mem::take(&mut self.failing) {
                     tracing::info!(source = T::SOURCE, target = %self.name, "target answers again");
                     // Its next failure is news again, whatever the limiter's window.
@@ -231,4 +266,83 @@ pub fn read_secret(file: &str, env: &str) -> Result<Option<String>, String> {
             .map_err(|_| format!("password_env: ${env} is not set"));
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::bmc::{Quantity, Reading, Scope};
+
+    /// A target whose every poll reports `n` temperature readings.
+    struct Flood {
+        n: usize,
+    }
+
+    impl Target for Flood {
+        const SOURCE: &'static str = "redfish";
+        type Config = usize;
+
+        fn open(n: &usize) -> Result<Self, String> {
+            Ok(Flood { n: *n })
+        }
+        fn name_of(_: &usize) -> String {
+            "flood".into()
+        }
+        fn interval(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(5)
+        }
+        fn requests(&self) -> u64 {
+            1
+        }
+        async fn poll(&self, _: &Arc<Model>) -> Result<Poll, PollError> {
+            let readings = (0..self.n)
+                .map(|i| Reading {
+                    id: format!("flood:/Sensors/{i}"),
+                    hw_type: "temperature".into(),
+                    name: format!("T{i}"),
+                    parent: None,
+                    quantity: Quantity::Temperature,
+                    value: 40.0,
+                    unit: "Cel".into(),
+                    location: None,
+                    point: None,
+                    thresholds: Vec::new(),
+                    state: None,
+                    scope: Scope::Auto,
+                })
+                .collect();
+            Ok(Poll {
+                target: "flood".into(),
+                readings,
+                ..Poll::default()
+            })
+        }
+    }
+
+    /// A target that reports more readings than are kept of one: the first MAX_PER_TARGET
+    /// go into the model, the poll still counts as answered, and the cut is counted; one
+    /// within the bound is kept whole and counts nothing.
+    #[tokio::test]
+    async fn a_target_is_kept_to_its_bound_and_the_cut_is_counted() {
+        let key = |m: &Model| {
+            m.errors.get(&internal_events::Key {
+                source: "redfish",
+                stage: "poll",
+                error_type: "too_large",
+                subject: internal_events::Subject::Target("flood".into()),
+            })
+        };
+        for (n, kept, cut) in [(MAX_PER_TARGET * 4, MAX_PER_TARGET, 1), (300, 300, 0)] {
+            let model = Arc::new(Model::new());
+            let mut p = Polled::new(Flood::open(&n).expect("open"), "flood".into());
+            assert!(p.poll_once(&model).await.is_ok(), "answered");
+            let polls = model.bmc_polls();
+            assert_eq!(polls.len(), 1);
+            assert_eq!(polls[0].1.readings.len(), kept, "{n} reported");
+            assert_eq!(key(&model), cut, "{n} reported");
+        }
+    }
 }
