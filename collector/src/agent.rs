@@ -101,6 +101,17 @@ pub fn off_but_asked(config: &Config) -> Vec<(&'static str, String)> {
         .collect()
 }
 
+/// When this process started (Unix ns; the first call fixes it, and `run` makes it early): where
+/// the counters Junction counts itself begin.
+pub fn started_ns() -> u64 {
+    static STARTED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    })
+}
+
 /// Waits until `end` for `thread` to end; whether it did (it is joined then). A thread stuck
 /// in a call is left behind.
 pub fn join_by(thread: std::thread::JoinHandle<()>, end: std::time::Instant) -> bool {

@@ -169,6 +169,7 @@ fn same_metrics_as_scrape(protocol: &str, compression: &str) {
     for k in o {
         assert_eq!(otlp[k], prom[k], "{k:?}");
     }
+    counters_start_where_they_began(&rx.with(|r| r.metrics.last().cloned().expect("metrics")));
     // Values straight from the scenario, unit-converted.
     let gpu0 = support::uuids(&parse(&body))[0].clone();
     // The one series of `name` on GPU 0 with the `extra` labels (and any others: the GPU's
@@ -261,6 +262,56 @@ fn http_carries_the_same_metrics_as_the_scrape() {
 #[test]
 fn uncompressed_http_carries_the_same_metrics_as_the_scrape() {
     same_metrics_as_scrape("http/protobuf", "none");
+}
+
+/// Cumulative counters' start times: the hardware's (the driver's energy and ECC counts) the
+/// host's boot (`btime`; the agent's `proc_root` here has no `stat`, so it reads the host's),
+/// Junction's own the agent's start (after the boot, before the export), the lifetime ECC
+/// count none.
+fn counters_start_where_they_began(req: &ExportMetricsServiceRequest) {
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .expect("/proc/stat")
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("btime");
+    let boot_ns = btime * 1_000_000_000;
+    let mut seen = BTreeSet::new();
+    for m in req
+        .resource_metrics
+        .iter()
+        .flat_map(|rm| &rm.scope_metrics)
+        .flat_map(|sm| &sm.metrics)
+    {
+        let Some(metric::Data::Sum(s)) = &m.data else {
+            continue;
+        };
+        if !s.is_monotonic {
+            continue;
+        }
+        for p in &s.data_points {
+            let start = p.start_time_unix_nano;
+            match m.name.as_str() {
+                "hw.energy" | "hw.errors" => assert_eq!(start, boot_ns, "{}", m.name),
+                "gpu.ecc.errors.lifetime" => assert_eq!(start, 0, "{}", m.name),
+                n if n.starts_with("junction.") => assert!(
+                    start > boot_ns && start < p.time_unix_nano,
+                    "{n}: {start} after the boot ({boot_ns}), before {}",
+                    p.time_unix_nano
+                ),
+                _ => continue,
+            }
+            seen.insert(m.name.clone());
+        }
+    }
+    for name in [
+        "hw.energy",
+        "hw.errors",
+        "gpu.ecc.errors.lifetime",
+        "junction.sink.exports",
+    ] {
+        assert!(seen.contains(name), "{name} in the export");
+    }
 }
 
 /// The sequence numbers of the events the receiver accepted, with duplicates.

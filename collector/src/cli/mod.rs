@@ -70,6 +70,7 @@ pub fn healthcheck(
 /// (NVML takes seconds per GPU without persistence mode) neither hides the endpoint nor
 /// ignores SIGTERM.
 pub fn run(config: Config) -> anyhow::Result<()> {
+    crate::agent::started_ns();
     naming(&config);
     let rt = runtime()?;
     let result = rt.block_on(serve(Arc::new(config)));
@@ -380,11 +381,12 @@ fn naming(config: &Config) {
 /// `junction once`: one collection, printed.
 pub fn once(config: Config, format: Format) -> anyhow::Result<()> {
     naming(&config);
-    let otlp = (matches!(format, Format::Otlp)).then(|| config.sinks.otlp.clone());
+    let otlp = (matches!(format, Format::Otlp))
+        .then(|| (config.sinks.otlp.clone(), config.proc_root.clone()));
     let (model, _) = collect_once(config, false)?;
-    if let Some(otlp) = otlp {
+    if let Some((otlp, proc_root)) = otlp {
         use std::io::Write as _;
-        let bytes = crate::sinks::otlp::request_now(&otlp, &model)?;
+        let bytes = crate::sinks::otlp::request_now(&otlp, &proc_root, &model)?;
         std::io::stdout().write_all(&bytes)?;
         return Ok(());
     }

@@ -582,7 +582,12 @@ pub fn metrics_markdown() -> String {
          MIG UUID as `hw.id`, with `hw.parent` = the GPU UUID and `gpu.mig.gpu_instance_id`. GPM metrics\n\
          sampled per GPU instance carry the GPU's `hw.id` and `gpu.mig.gpu_instance_id` (a GPU instance with\n\
          several compute instances is sampled once).\n\
-         A metric whose NVML call is not supported on a GPU is absent for that GPU (see `junction inventory`).\n\n\
+         A metric whose NVML call is not supported on a GPU is absent for that GPU (see `junction inventory`).\n\
+         Over OTLP with cumulative temporality, a counter's start time is when it began counting: the\n\
+         host's boot for the hardware's counters (the driver's, the kernel's, the NICs', this boot's XIDs),\n\
+         the agent's start for those Junction counts itself (`junction.*`, `gpu.process.driver.*`,\n\
+         `node.daemon.restarts`), and none (unknown) for those that outlive a boot (the lifetime ECC\n\
+         count, a BMC's counters); gauges and up-down counters carry the sink's start.\n\n\
          | name | Prometheus name | unit | type | attributes | NVML source | group |\n\
          |---|---|---|---|---|---|---|\n",
     );

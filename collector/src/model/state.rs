@@ -117,6 +117,22 @@ pub fn write_atomically(
     result
 }
 
+/// When this boot began (Unix ns): `btime` in `/proc/stat` (whole seconds), under `proc_root`
+/// or else the process's own; `None` if neither has it.
+pub fn boot_time_ns(proc_root: &Path) -> Option<u64> {
+    let btime = |text: String| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    std::fs::read_to_string(proc_root.join("stat"))
+        .ok()
+        .and_then(btime)
+        .or_else(|| std::fs::read_to_string("/proc/stat").ok().and_then(btime))
+        .filter(|&s| s > 0)
+        .map(|s| s.saturating_mul(1_000_000_000))
+}
+
 /// This boot's id (`/proc/sys/kernel/random/boot_id`), empty if unreadable.
 pub fn boot_id(proc_root: &Path) -> String {
     std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id"))
@@ -133,6 +149,23 @@ mod tests {
         let d = std::env::temp_dir().join(format!("junction-state-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    /// `btime` under `proc_root`, in ns; the host's `/proc/stat` where `proc_root` has none.
+    #[test]
+    fn boot_time_is_read_from_proc_stat() {
+        let d = dir("btime");
+        std::fs::create_dir_all(&d).expect("dir");
+        std::fs::write(
+            d.join("stat"),
+            "cpu  1 2 3\nintr 5\nbtime 1764547200\nprocesses 9\n",
+        )
+        .expect("stat");
+        assert_eq!(boot_time_ns(&d), Some(1_764_547_200_000_000_000));
+        std::fs::write(d.join("stat"), "cpu  1 2 3\nbtime x\n").expect("stat");
+        assert_eq!(boot_time_ns(&d), boot_time_ns(Path::new("/proc")));
+        assert!(boot_time_ns(Path::new("/proc")).is_some_and(|ns| ns > 0));
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

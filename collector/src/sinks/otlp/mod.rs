@@ -220,7 +220,11 @@ pub const COMPONENT: Component = Component {
 
 /// The metrics request an export would send for `model` now (`junction once --format
 /// otlp`), with the resource the settings make.
-pub fn request_now(config: &OtlpConfig, model: &crate::model::Model) -> anyhow::Result<Vec<u8>> {
+pub fn request_now(
+    config: &OtlpConfig,
+    proc_root: &std::path::Path,
+    model: &crate::model::Model,
+) -> anyhow::Result<Vec<u8>> {
     let env = |k: &str| std::env::var(k).ok();
     let settings: Settings =
         settings::resolve(config, &env).map_err(|e| anyhow::anyhow!("sinks.otlp: {e}"))?;
@@ -228,6 +232,10 @@ pub fn request_now(config: &OtlpConfig, model: &crate::model::Model) -> anyhow::
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let mut encoder = metrics::encode::Encoder::new(envelope(&settings), settings.delta, now);
+    encoder.set_origins(
+        crate::agent::started_ns(),
+        crate::model::state::boot_time_ns(proc_root),
+    );
     let snap = crate::model::view::Snapshot::take(model);
     Ok(encoder.encode(&snap.view(), now).0.to_vec())
 }
@@ -263,6 +271,7 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
         exporters.metrics,
         envelope(&settings),
         &settings,
+        crate::model::state::boot_time_ns(&config.proc_root),
         settings
             .delta
             .then(|| metrics::Resume::open(&config.state_dir, &config.proc_root)),

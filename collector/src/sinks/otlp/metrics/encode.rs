@@ -45,6 +45,16 @@ pub(super) fn outlives_boot(s: &Sample) -> bool {
     s.metric == Metric::EccErrorsLifetime || s.attr("junction.target").is_some()
 }
 
+/// Whether a counter is counted by Junction itself from the agent's start (its own telemetry,
+/// the eBPF probes' counts, the daemon restarts it saw), as against the hardware's counters
+/// (the driver's since it loaded, the kernel's and the NICs' since the boot, the XIDs and
+/// kernel signatures of this boot, which the kernel-log source keeps across restarts).
+pub(super) fn counted_by_the_agent(name: &str) -> bool {
+    name.starts_with("junction.")
+        || name.starts_with("gpu.process.driver.")
+        || name == "node.daemon.restarts"
+}
+
 /// Wire types.
 const VARINT: u8 = 0;
 const FIXED64: u8 = 1;
@@ -357,8 +367,13 @@ pub struct Envelope {
 pub struct Encoder {
     envelope: Envelope,
     delta: bool,
-    /// When the sink started (Unix ns): cumulative series start here.
+    /// When the sink started (Unix ns): cumulative gauges and up-down counters start here.
     start_ns: u64,
+    /// Where cumulative counters start (Unix ns): the agent's start for those it counts
+    /// itself, the boot for the hardware's ([`Encoder::set_origins`]); those that outlive a
+    /// boot have no start time (unknown).
+    agent_ns: u64,
+    boot_ns: u64,
     /// The previous export's time (delta: where the next points start).
     last_ns: u64,
     /// Delta: each counter series' last value and the export that last saw it.
@@ -391,6 +406,8 @@ impl Encoder {
             envelope,
             delta,
             start_ns,
+            agent_ns: start_ns,
+            boot_ns: start_ns,
             last_ns: start_ns,
             previous: HashMap::new(),
             generation: 0,
@@ -402,6 +419,28 @@ impl Encoder {
             statics: Statics::new(),
             body: Vec::new(),
             head: Vec::new(),
+        }
+    }
+
+    /// Where cumulative counters start: `agent_ns` for those Junction counts itself, `boot_ns`
+    /// for the hardware's (both the sink's start until this is called, and never later).
+    /// A backend that takes the start time as the counter's (Prometheus' created-timestamp
+    /// ingestion, the Collector's `cumulativetodelta`) sees the hardware's counters go on
+    /// across restarts of the agent rather than start again from zero with their whole value.
+    pub fn set_origins(&mut self, agent_ns: u64, boot_ns: Option<u64>) {
+        self.agent_ns = agent_ns.min(self.start_ns);
+        self.boot_ns = boot_ns.unwrap_or(self.agent_ns).min(self.agent_ns);
+    }
+
+    /// The start time of a cumulative counter's point of `s`: none (0) for a series that
+    /// outlives a boot, whose start is not known.
+    fn origin(&self, s: &Sample, by_agent: bool) -> u64 {
+        if outlives_boot(s) {
+            0
+        } else if by_agent {
+            self.agent_ns
+        } else {
+            self.boot_ns
         }
     }
 
@@ -490,7 +529,7 @@ impl Encoder {
         }
     }
 
-    /// Start time of a point of a metric of `kind`.
+    /// Start time of a point of a metric of `kind` (a cumulative counter's: [`Encoder::origin`]).
     fn start(&self, kind: Kind) -> u64 {
         if self.delta && kind != Kind::UpDownCounter {
             self.last_ns
@@ -562,12 +601,16 @@ impl Encoder {
         let mut count = 0usize;
         for (i, samples) in view.iter() {
             let d = &REGISTRY[i];
-            let start = self.start(d.kind);
+            let metric_start = self.start(d.kind);
+            // Cumulative counters start where they began counting, series by series.
+            let origins =
+                (!self.delta && d.kind == Kind::Counter).then(|| counted_by_the_agent(d.name));
             let from = body.len();
             for (gpu, s) in samples {
                 if !s.value.is_finite() {
                     continue;
                 }
+                let start = origins.map_or(metric_start, |by_agent| self.origin(s, by_agent));
                 let own_id = s.attr("hw.id").is_some();
                 let hw_id = !gpu.is_empty() && !own_id;
                 let extra = if own_id {

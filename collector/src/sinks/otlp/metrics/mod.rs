@@ -50,17 +50,24 @@ fn unix_ns(t: SystemTime) -> u64 {
 
 /// Starts the exporter thread. With `resume` (the sink passes one for delta temporality), the
 /// first export goes on from the last one saved, and exports are saved for the next start
-/// (`resume.rs`).
+/// (`resume.rs`). `boot_ns`: when the host booted, where the hardware's cumulative counters
+/// start.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "what the exporter thread is handed, each used once"
+)]
 pub fn start(
     sender: Sender,
     envelope: Envelope,
     settings: &super::settings::Settings,
+    boot_ns: Option<u64>,
     mut resume: Option<Resume>,
     model: Arc<Model>,
     stats: Arc<Stats>,
     panics: &crate::agent::ThreadPanics,
 ) -> anyhow::Result<Exporter> {
     let mut encoder = Encoder::new(envelope, settings.delta, unix_ns(SystemTime::now()));
+    encoder.set_origins(crate::agent::started_ns(), boot_ns);
     if let Some(r) = &resume {
         r.take(&mut encoder);
     }

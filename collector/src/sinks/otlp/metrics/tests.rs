@@ -482,3 +482,82 @@ fn delta_goes_on_across_a_restart_from_the_last_export() {
     let (_, p, _) = encode(&mut early, &model(1300.0, 2), 40);
     assert_eq!(energy(&p), Some((1300.0, 15, 40)));
 }
+
+/// Cumulative counters start where they began counting: the hardware's at the boot, those
+/// Junction counts itself at the agent's start, those that outlive a boot (the lifetime ECC
+/// count, a BMC's energy) with no start time (unknown). Gauges and up-down counters start
+/// at the sink's start, and with delta every point at the previous export.
+#[test]
+fn cumulative_counters_start_where_they_began_counting() {
+    let m = lasting_model(17.0, 2.0, Some(1000.0));
+    m.publish(
+        "test",
+        "events",
+        vec![Sample::new(Metric::Events, 3.0).with("event.name", "e")],
+    );
+    let slot = m.gpus()[0].clone();
+    lock(&slot).groups[Group::Power.index()] = Arc::new(vec![
+        Sample::new(Metric::Power, 612.5).with("hw.type", "gpu"),
+    ]);
+    let start_of = |p: &Points, name: &str| -> Vec<u64> {
+        p.iter()
+            .filter(|((n, _), _)| n == name)
+            .map(|(_, (_, start, _))| *start)
+            .collect()
+    };
+
+    let mut e = Encoder::new(envelope(), false, 50);
+    // The boot at 10, the agent's start at 40, the sink's at 50.
+    e.set_origins(40, Some(10));
+    let (_, p, _) = encode(&mut e, &m, 60);
+    assert_eq!(
+        start_of(&p, "hw.errors"),
+        [10],
+        "the driver's count: the boot"
+    );
+    assert_eq!(start_of(&p, "junction.events"), [40], "the agent's own");
+    assert_eq!(
+        start_of(&p, "gpu.ecc.errors.lifetime"),
+        [0],
+        "outlives the boot"
+    );
+    assert_eq!(
+        start_of(&p, "bmc.energy"),
+        [0],
+        "a BMC's: outlives the boot"
+    );
+    assert_eq!(start_of(&p, "hw.power"), [50], "a gauge: the sink's start");
+    assert!(
+        start_of(&p, "hw.status").iter().all(|&s| s == 50),
+        "up-down counters: the sink's start"
+    );
+    // An unknown boot time: the agent's start; origins never later than the sink's start.
+    let mut e = Encoder::new(envelope(), false, 50);
+    e.set_origins(70, None);
+    let (_, p, _) = encode(&mut e, &m, 60);
+    assert_eq!(start_of(&p, "hw.errors"), [50]);
+    assert_eq!(start_of(&p, "junction.events"), [50]);
+    // Delta: every counter point starts at the previous export, origins or not.
+    let mut e = Encoder::new(envelope(), true, 50);
+    e.set_origins(40, Some(10));
+    let (_, p, _) = encode(&mut e, &m, 60);
+    for name in ["hw.errors", "junction.events", "gpu.ecc.errors.lifetime"] {
+        assert_eq!(start_of(&p, name), [50], "{name}");
+    }
+}
+
+/// Every counter in the registry is one of the hardware's or one Junction counts itself,
+/// and its description does not say otherwise.
+#[test]
+fn every_counter_is_classed_by_who_counts_it() {
+    for d in REGISTRY.iter().filter(|d| d.kind == Kind::Counter) {
+        let by_agent = counted_by_the_agent(d.name);
+        let help = d.help.to_ascii_lowercase();
+        if help.contains("since the agent started") {
+            assert!(by_agent, "{}: {}", d.name, d.help);
+        }
+        if help.contains("since the driver") || help.contains("reset at reboot") {
+            assert!(!by_agent, "{}: {}", d.name, d.help);
+        }
+    }
+}
