@@ -40,9 +40,12 @@ pub(super) const MAX_LASTING: usize = 4096;
 /// Whether a counter series goes on counting across the host's reboot, so that its whole
 /// value after a reboot was reported before it: a GPU's lifetime ECC count (kept in its
 /// InfoROM) and a BMC's counters (`junction.target`: energy a BMC counts while the host
-/// reboots). The driver's, the kernel's and the NICs' counters start again at a boot.
+/// reboots; not Junction's own counts of its polls of a BMC). The driver's, the kernel's and
+/// the NICs' counters start again at a boot.
 pub(super) fn outlives_boot(s: &Sample) -> bool {
-    s.metric == Metric::EccErrorsLifetime || s.attr("junction.target").is_some()
+    s.metric == Metric::EccErrorsLifetime
+        || (s.attr("junction.target").is_some()
+            && !counted_by_the_agent(REGISTRY[s.metric as usize].name))
 }
 
 /// Whether a counter is counted by Junction itself from the agent's start (its own telemetry,
@@ -432,16 +435,10 @@ impl Encoder {
         self.boot_ns = boot_ns.unwrap_or(self.agent_ns).min(self.agent_ns);
     }
 
-    /// The start time of a cumulative counter's point of `s`: none (0) for a series that
-    /// outlives a boot, whose start is not known.
-    fn origin(&self, s: &Sample, by_agent: bool) -> u64 {
-        if outlives_boot(s) {
-            0
-        } else if by_agent {
-            self.agent_ns
-        } else {
-            self.boot_ns
-        }
+    /// The start time of a cumulative point of the hardware's counter `s`: none (0) for a
+    /// series that outlives a boot (a BMC's), whose start is not known.
+    fn origin(&self, s: &Sample) -> u64 {
+        if outlives_boot(s) { 0 } else { self.boot_ns }
     }
 
     /// Series whose last value delta keeps (0 for cumulative).
@@ -530,11 +527,14 @@ impl Encoder {
     }
 
     /// Start time of a point of a metric of `kind` (a cumulative counter's: [`Encoder::origin`]).
+    /// None (0) for a gauge: OTLP ignores `start_time_unix_nano` on a gauge's points
+    /// (`metrics.proto`, `Gauge`), and leaving it out saves 9 of a point's bytes (on the
+    /// 8-GPU node 7.5 KB of the 305 KB request, before gzip).
     fn start(&self, kind: Kind) -> u64 {
-        if self.delta && kind != Kind::UpDownCounter {
-            self.last_ns
-        } else {
-            self.start_ns
+        match kind {
+            Kind::Gauge => 0,
+            Kind::Counter if self.delta => self.last_ns,
+            Kind::Counter | Kind::UpDownCounter => self.start_ns,
         }
     }
 
@@ -601,16 +601,29 @@ impl Encoder {
         let mut count = 0usize;
         for (i, samples) in view.iter() {
             let d = &REGISTRY[i];
-            let metric_start = self.start(d.kind);
-            // Cumulative counters start where they began counting, series by series.
-            let origins =
-                (!self.delta && d.kind == Kind::Counter).then(|| counted_by_the_agent(d.name));
+            // Cumulative counters start where they began counting: decided for the metric,
+            // or for each series where a BMC's can be among them.
+            let (metric_start, per_series) = if !self.delta && d.kind == Kind::Counter {
+                if counted_by_the_agent(d.name) {
+                    (self.agent_ns, false)
+                } else if i == Metric::EccErrorsLifetime as usize {
+                    (0, false)
+                } else {
+                    (self.boot_ns, d.attrs.contains(&"junction.target"))
+                }
+            } else {
+                (self.start(d.kind), false)
+            };
             let from = body.len();
             for (gpu, s) in samples {
                 if !s.value.is_finite() {
                     continue;
                 }
-                let start = origins.map_or(metric_start, |by_agent| self.origin(s, by_agent));
+                let start = if per_series {
+                    self.origin(s)
+                } else {
+                    metric_start
+                };
                 let own_id = s.attr("hw.id").is_some();
                 let hw_id = !gpu.is_empty() && !own_id;
                 let extra = if own_id {

@@ -140,7 +140,8 @@ fn the_request_holds_every_finite_sample_with_its_attributes_names_and_units() {
     ];
     let mut power = vec![("hw.id", "GPU-1"), ("hw.type", "gpu")];
     power.extend(ident);
-    assert_eq!(points[&("hw.power".into(), attrs(&power))], (612.5, 5, 7));
+    // A gauge's point has no start time (OTLP ignores it on gauges).
+    assert_eq!(points[&("hw.power".into(), attrs(&power))], (612.5, 0, 7));
     let memory = [
         ("hw.id", "GPU-1"),
         ("hw.type", "memory"),
@@ -148,7 +149,7 @@ fn the_request_holds_every_finite_sample_with_its_attributes_names_and_units() {
         ("hw.vendor", "nvidia"),
         ("hw.model", "H100"),
     ];
-    assert_eq!(points[&("hw.power".into(), attrs(&memory))], (40.0, 5, 7));
+    assert_eq!(points[&("hw.power".into(), attrs(&memory))], (40.0, 0, 7));
     // The NaN is left out, as the SDK leaves it out.
     assert!(
         !points
@@ -260,7 +261,7 @@ fn delta_reports_each_counters_increase_and_forgets_series_that_went() {
     // Then the increase since the previous export, from its time.
     let (_, p, _) = encode(&mut e, &model(1250.0, 3), 20);
     assert_eq!(energy(&p), Some((250.0, 10, 20)));
-    // Gauges start at the previous export too; up-down counters stay cumulative.
+    // Gauges have no start time; up-down counters stay cumulative.
     let (req, p, _) = encode(&mut e, &model(1250.0, 3), 30);
     assert_eq!(energy(&p), Some((0.0, 20, 30)));
     let status = req.resource_metrics[0].scope_metrics[0]
@@ -280,7 +281,7 @@ fn delta_reports_each_counters_increase_and_forgets_series_that_went() {
     );
     assert!(
         p.iter()
-            .any(|((n, _), (_, start, _))| n == "hw.power" && *start == 20)
+            .all(|((n, _), (_, start, _))| n != "hw.power" || *start == 0)
     );
     // A counter that went back (a driver reload) reports its new value.
     let (req, p, _) = encode(&mut e, &model(40.0, 3), 40);
@@ -485,15 +486,19 @@ fn delta_goes_on_across_a_restart_from_the_last_export() {
 
 /// Cumulative counters start where they began counting: the hardware's at the boot, those
 /// Junction counts itself at the agent's start, those that outlive a boot (the lifetime ECC
-/// count, a BMC's energy) with no start time (unknown). Gauges and up-down counters start
-/// at the sink's start, and with delta every point at the previous export.
+/// count, a BMC's energy) with no start time (unknown). Up-down counters start at the sink's
+/// start, gauges have none, and with delta every counter point starts at the previous export.
 #[test]
 fn cumulative_counters_start_where_they_began_counting() {
     let m = lasting_model(17.0, 2.0, Some(1000.0));
     m.publish(
         "test",
         "events",
-        vec![Sample::new(Metric::Events, 3.0).with("event.name", "e")],
+        vec![
+            Sample::new(Metric::Events, 3.0).with("event.name", "e"),
+            // Junction's own count of its requests to a BMC: the agent's, not the BMC's.
+            Sample::new(Metric::TargetRequests, 9.0).with("junction.target", "bmc-a"),
+        ],
     );
     let slot = m.gpus()[0].clone();
     lock(&slot).groups[Group::Power.index()] = Arc::new(vec![
@@ -517,6 +522,11 @@ fn cumulative_counters_start_where_they_began_counting() {
     );
     assert_eq!(start_of(&p, "junction.events"), [40], "the agent's own");
     assert_eq!(
+        start_of(&p, "junction.target.requests"),
+        [40],
+        "the agent's own"
+    );
+    assert_eq!(
         start_of(&p, "gpu.ecc.errors.lifetime"),
         [0],
         "outlives the boot"
@@ -526,7 +536,7 @@ fn cumulative_counters_start_where_they_began_counting() {
         [0],
         "a BMC's: outlives the boot"
     );
-    assert_eq!(start_of(&p, "hw.power"), [50], "a gauge: the sink's start");
+    assert_eq!(start_of(&p, "hw.power"), [0], "a gauge: none");
     assert!(
         start_of(&p, "hw.status").iter().all(|&s| s == 50),
         "up-down counters: the sink's start"
