@@ -247,6 +247,13 @@ mod tests {
         std::fs::write(d.join("proc/sys/kernel/random/boot_id"), format!("{id}\n")).expect("boot");
     }
 
+    /// A model holding `s` alone.
+    fn one(s: crate::model::Sample) -> std::sync::Arc<crate::model::Model> {
+        let m = crate::model::Model::new();
+        m.publish("test", "one", vec![s]);
+        m
+    }
+
     /// The value of `metric`'s first point in an export of `m` at `now_ns`.
     fn point(e: &mut Encoder, m: &crate::model::Model, metric: &str, now_ns: u64) -> f64 {
         use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
@@ -307,23 +314,15 @@ mod tests {
     /// save. A save that fails removes the file rather than leave an older one to be taken.
     #[test]
     fn this_boots_counters_are_saved_while_running_for_a_start_after_a_crash() {
-        use crate::model::{Metric, Model, Sample};
+        use crate::model::{Metric, Sample};
 
         let d = dir("running");
         boot(&d, "boot-a");
         let file = d.join("state/otlp-delta.json");
         let gpu = |errors: f64| {
-            let m = Model::new();
-            m.publish(
-                "nvml",
-                "gpu0",
-                vec![
-                    Sample::new(Metric::EccErrors, errors)
-                        .with("hw.id", "GPU-0")
-                        .with("error.type", "corrected"),
-                ],
-            );
-            m
+            one(Sample::new(Metric::EccErrors, errors)
+                .with("hw.id", "GPU-0")
+                .with("error.type", "corrected"))
         };
         let errors = |e: &mut Encoder, n: f64, at: u64| point(e, &gpu(n), "hw.errors", at);
 
@@ -367,17 +366,9 @@ mod tests {
         boot(&d, "boot-a");
         let file = d.join("state/otlp-delta-lasting.json");
         let bmc = |j: f64| {
-            let m = Model::new();
-            m.publish(
-                "redfish",
-                "bmc-a",
-                vec![
-                    Sample::new(Metric::BmcEnergy, j)
-                        .with("hw.id", "PSU0")
-                        .with("junction.target", "bmc-a"),
-                ],
-            );
-            m
+            one(Sample::new(Metric::BmcEnergy, j)
+                .with("hw.id", "PSU0")
+                .with("junction.target", "bmc-a"))
         };
         let energy = |e: &mut Encoder, m: &Model| point(e, m, "bmc.energy", 20);
 
