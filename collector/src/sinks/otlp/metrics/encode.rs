@@ -37,6 +37,10 @@ use crate::model::{Metric, REGISTRY, Sample};
 /// few hundred (two lifetime ECC counts a GPU, a BMC's energy counters).
 pub(super) const MAX_LASTING: usize = 4096;
 
+/// Of [`MAX_LASTING`], the slots only GPUs' lifetime ECC series take: a BMC's counters (up to
+/// 4,096 readings a target) cannot crowd them out (a node's GPUs have a few hundred at most).
+pub(super) const LIFETIME_RESERVE: usize = 1024;
+
 /// Whether a counter series goes on counting across the host's reboot, so that its whole
 /// value after a reboot was reported before it: a GPU's lifetime ECC count (kept in its
 /// InfoROM) and a BMC's counters (`junction.target`: energy a BMC counts while the host
@@ -509,8 +513,13 @@ impl Encoder {
     }
 
     /// Notes a series' value where it outlives a boot.
-    fn note_lasting(&mut self, key: u64, value: f64) {
-        let full = self.lasting.len() >= MAX_LASTING;
+    fn note_lasting(&mut self, key: u64, value: f64, lifetime: bool) {
+        let bound = if lifetime {
+            MAX_LASTING
+        } else {
+            MAX_LASTING - LIFETIME_RESERVE
+        };
+        let full = self.lasting.len() >= bound;
         match self.lasting.entry(key) {
             std::collections::hash_map::Entry::Occupied(mut e) => {
                 if e.get().to_bits() != value.to_bits() {
@@ -840,7 +849,7 @@ impl Encoder {
             {
                 prev = *v;
             }
-            self.note_lasting(key, s.value);
+            self.note_lasting(key, s.value, s.metric == Metric::EccErrorsLifetime);
         }
         if prev.is_finite() && s.value >= prev {
             s.value - prev

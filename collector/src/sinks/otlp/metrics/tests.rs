@@ -411,6 +411,30 @@ fn counters_that_outlive_a_reboot_go_on_from_their_kept_values() {
         None,
         "no room for new series"
     );
+
+    // BMCs' series fill all but the reserve; a GPU's lifetime count still finds a slot.
+    let mut crowded = Encoder::new(envelope(), true, 5);
+    let bmcs = Model::new();
+    bmcs.publish(
+        "redfish",
+        "bmc-a",
+        (0..MAX_LASTING)
+            .map(|n| {
+                Sample::new(Metric::BmcEnergy, 1.0)
+                    .with("hw.id", format!("PSU{n}"))
+                    .with("junction.target", "bmc-a")
+            })
+            .collect(),
+    );
+    encode(&mut crowded, &bmcs, 10);
+    let kept = crowded.lasting_changed().expect("kept").len();
+    assert_eq!(kept, MAX_LASTING - LIFETIME_RESERVE);
+    encode(&mut crowded, &lasting_model(3.0, 3.0, None), 20);
+    assert_eq!(
+        crowded.lasting_changed().map(|v| v.len()),
+        Some(kept + 1),
+        "the lifetime count is kept"
+    );
 }
 
 #[test]
