@@ -209,6 +209,55 @@ impl SourceThreads {
     }
 }
 
+/// What a source opened while it still held the capabilities it starts with (the kernel log's
+/// descriptor, the BPF programs and their maps), handed to its next start when one of its
+/// threads panics. After the capability drop that start could not open them again (`EPERM`
+/// from `/dev/kmsg` without CAP_SYSLOG, from `bpf()` without CAP_BPF), and the source stayed
+/// off until the agent was restarted. At shutdown, or when the run ends without a panic, the
+/// value is dropped as before.
+pub struct Kept<T: Send + 'static> {
+    slot: &'static std::sync::Mutex<Option<T>>,
+    value: Option<T>,
+}
+
+impl<T: Send + 'static> Kept<T> {
+    /// Holds `value`, for `slot` if the holder panics.
+    pub fn new(slot: &'static std::sync::Mutex<Option<T>>, value: T) -> Self {
+        Self {
+            slot,
+            value: Some(value),
+        }
+    }
+
+    /// What the last holder left in `slot` when it panicked (taken).
+    pub fn left(slot: &'static std::sync::Mutex<Option<T>>) -> Option<T> {
+        crate::model::lock(slot).take()
+    }
+}
+
+impl<T: Send + 'static> std::ops::Deref for Kept<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value.as_ref().expect("held until dropped")
+    }
+}
+
+impl<T: Send + 'static> std::ops::DerefMut for Kept<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.value.as_mut().expect("held until dropped")
+    }
+}
+
+impl<T: Send + 'static> Drop for Kept<T> {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(v) = self.value.take()
+        {
+            *crate::model::lock(self.slot) = Some(v);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,5 +309,44 @@ mod tests {
         ended
             .try_recv()
             .expect("the thread had ended when watch returned");
+    }
+
+    /// A value held by a thread that panics is left for the next start, as it was; one held
+    /// by a run that ends is dropped, and nothing is left.
+    #[tokio::test]
+    async fn what_a_panicking_thread_held_is_left_for_the_next_start() {
+        static SLOT: std::sync::Mutex<Option<(u32, Tracked)>> = std::sync::Mutex::new(None);
+        static DROPPED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        struct Tracked;
+        impl Drop for Tracked {
+            fn drop(&mut self) {
+                DROPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let shutdown = Shutdown::default();
+        let mut threads = SourceThreads::default();
+        threads
+            .spawn("reader", || {
+                let mut held = Kept::new(&SLOT, (7, Tracked));
+                held.0 += 1;
+                panic!("bad record");
+            })
+            .expect("spawn");
+        let e = tokio::spawn(async move { threads.watch(&shutdown).await })
+            .await
+            .expect_err("the task panics with the thread");
+        assert!(e.is_panic());
+        let (n, t) = Kept::left(&SLOT).expect("left by the panic");
+        assert_eq!(n, 8, "as the thread left it");
+        assert_eq!(DROPPED.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert!(Kept::left(&SLOT).is_none(), "taken once");
+        // The next run ends without a panic: what it holds is dropped, nothing is left.
+        std::thread::spawn(move || {
+            let _held = Kept::new(&SLOT, (n, t));
+        })
+        .join()
+        .expect("no panic");
+        assert_eq!(DROPPED.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(Kept::left(&SLOT).is_none());
     }
 }

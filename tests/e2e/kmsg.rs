@@ -471,3 +471,71 @@ fn a_dev_kmsg_flood_loses_nothing_or_counts_the_loss() {
     assert!(grown < 32 * 1024, "RSS grew {grown} KiB over the flood");
     assert!(agent.terminate().success());
 }
+
+/// A panic of the `/dev/kmsg` reader after the capability drop (a defect of Junction's; a
+/// debug build's failpoint makes it here, at a record of the test's): the panic is counted,
+/// the source is started again with the descriptor the reader held (it could not open the
+/// device again: CAP_SYSLOG is dropped, and `kernel.dmesg_restrict` is set on the CI
+/// machines), and it reads on: an XID written after the panic is counted, once, and the
+/// record the reader panicked at is counted as lost rather than read again.
+#[test]
+fn the_kernel_log_is_read_on_after_its_reader_panics() {
+    if !privileged() {
+        return;
+    }
+    let restricted =
+        std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").is_ok_and(|s| s.trim() == "1");
+    eprintln!("kernel.dmesg_restrict set: {restricted}");
+    let d = domain(15);
+    let scen = scenario(d, 2, "");
+    let state = support::temp_dir().join("state");
+    let port = support::free_port();
+    let marker = format!("junction failpoint {} {d}", std::process::id());
+    let mut agent = Agent::spawn_config_path(
+        &scen,
+        &config(port, &state, "accept_user_records = true"),
+        &[("JUNCTION_FAILPOINT_KMSG_PANIC", marker.as_str())],
+    );
+    let first = agent.wait_for(Duration::from_secs(30), |m| {
+        m.contains("hw_gpu_memory_usage_bytes")
+    });
+    let ids = support::uuids(&parse(&first));
+    let panics = |m: &str| {
+        value(
+            &parse(m),
+            "junction_source_errors_total",
+            &[
+                ("junction_source", "kmsg"),
+                ("junction_stage", "task"),
+                ("error_type", "panic"),
+            ],
+        )
+    };
+    kmsg_write(&[format!("{marker}: the reader panics at this record")]);
+    agent.wait_for(Duration::from_secs(30), |m| panics(m) == Some(1.0));
+    kmsg_write(&[format!(
+        "NVRM: Xid (PCI:{d:04x}:18:00): 13, pid=4242, name=trainer, Graphics SM Warp Exception"
+    )]);
+    let after = agent.wait_for(Duration::from_secs(30), |m| {
+        xid(m, &ids[0], "13") == Some(1.0)
+            && value(
+                &parse(m),
+                "junction_source_up",
+                &[("junction_source", "kmsg")],
+            ) == Some(1.0)
+    });
+    let lost = value(&parse(&after), "junction_kmsg_lost_total", &[]).unwrap_or(0.0);
+    assert!(
+        lost >= 1.0,
+        "the record it panicked at is counted lost: {lost}"
+    );
+    // Later scrapes: still once, one panic.
+    std::thread::sleep(Duration::from_secs(2));
+    let later = scrape(port, Duration::from_secs(5)).expect("/metrics answers");
+    assert_eq!(xid(&later, &ids[0], "13"), Some(1.0));
+    assert_eq!(panics(&later), Some(1.0));
+    let log = agent.log();
+    assert!(log.contains("JUNCTION_FAILPOINT_KMSG_PANIC"), "{log}");
+    assert!(!log.contains("cannot open the kernel log"), "{log}");
+    assert!(agent.terminate().success(), "SIGTERM exits 0");
+}

@@ -169,10 +169,11 @@ pub fn run(n: u64) -> Result<String, String> {
     }
 
     let loaded = loader::load(&config, &params(false)).map_err(|e| e.to_string())?;
+    let mut attached = super::drain::attached(loaded)?;
     let model = Model::new();
     let shutdown = Shutdown::default();
     let (m, sd, cfg) = (model.clone(), shutdown.clone(), config.clone());
-    let drain = std::thread::spawn(move || super::drain::run(loaded, &cfg, &m, &sd));
+    let drain = std::thread::spawn(move || super::drain::run(&mut attached, &cfg, &m, &sd));
     let tid = std::os::unix::thread::JoinHandleExt::as_pthread_t(&drain);
     let cpu0 = thread_cpu(tid);
     measure("attached", &mut f, &mut out);

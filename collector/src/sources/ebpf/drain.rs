@@ -29,6 +29,19 @@ struct Maps {
     counters: Array<MapData, u64>,
 }
 
+/// The loaded, attached programs and the maps the drain reads (the programs detach when it
+/// drops).
+pub struct Attached {
+    pub loaded: Loaded,
+    maps: Maps,
+}
+
+/// Takes the maps the drain reads out of the loaded object.
+pub fn attached(mut loaded: Loaded) -> Result<Attached, String> {
+    let maps = maps(&mut loaded)?;
+    Ok(Attached { loaded, maps })
+}
+
 fn maps(loaded: &mut Loaded) -> Result<Maps, String> {
     let mut take = |name: &str| {
         loaded
@@ -97,19 +110,10 @@ struct Drain<'a> {
     records: u64,
 }
 
-/// Runs until `shutdown`.
-pub fn run(mut loaded: Loaded, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &Shutdown) {
-    let mut m = match maps(&mut loaded) {
-        Ok(m) => m,
-        Err(e) => {
-            crate::internal_events::InternalEvent::emit(
-                crate::internal_events::EbpfMismatch { error: &e },
-                model,
-            );
-            model.set_source_up("ebpf", false);
-            return;
-        }
-    };
+/// Runs until `shutdown` (the programs detach when the caller drops `a`; the source's thread
+/// holds it as `Kept`, so that a panic here leaves it for the next start).
+pub fn run(a: &mut Attached, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &Shutdown) {
+    let Attached { loaded, maps: m } = a;
     let mut d = Drain {
         cfg,
         model,
@@ -142,13 +146,32 @@ pub fn run(mut loaded: Loaded, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &
         d.identify_new();
         if last.elapsed() >= interval {
             last = Instant::now();
-            d.refresh(&mut m);
+            d.refresh(m);
+            #[cfg(debug_assertions)]
+            failpoint();
         }
         d.notes_to_events();
     }
-    // The programs detach when `loaded.bpf` drops here.
-    drop(loaded);
     model.set_source_up("ebpf", false);
+}
+
+/// Debug builds only, for the tests of what follows a panic: with
+/// `JUNCTION_FAILPOINT_EBPF_PANIC=COUNT`, the drain panics after each of its first COUNT
+/// refreshes (a process's).
+#[cfg(debug_assertions)]
+fn failpoint() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static LEFT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
+    let left = LEFT.get_or_init(|| {
+        let n = std::env::var("JUNCTION_FAILPOINT_EBPF_PANIC").ok();
+        AtomicU32::new(n.and_then(|n| n.parse().ok()).unwrap_or(0))
+    });
+    if left
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        panic!("JUNCTION_FAILPOINT_EBPF_PANIC: the eBPF drain panics here");
+    }
 }
 
 impl Drain<'_> {

@@ -20,9 +20,9 @@ pub mod tracker;
 
 use std::sync::Arc;
 
-use crate::agent::{Component, Ctx};
+use crate::agent::{Component, Ctx, Kept};
 use crate::config::{Config, Invalid, config_section};
-use crate::internal_events::{EbpfUnavailable, EbpfWatchSkipped, InternalEvent};
+use crate::internal_events::{EbpfMismatch, EbpfUnavailable, EbpfWatchSkipped, InternalEvent};
 use crate::model::Model;
 
 config_section! {
@@ -181,6 +181,10 @@ fn check(c: &EbpfConfig, model: &Model) {
     }
 }
 
+/// The attached programs and their maps while the drain holds them, left here by a drain that
+/// panicked for the next start.
+static ATTACHED: std::sync::Mutex<Option<drain::Attached>> = std::sync::Mutex::new(None);
+
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let c = config.sources.ebpf.clone();
     if !c.enabled {
@@ -189,33 +193,57 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
             .set_source_detail("ebpf", vec!["off: sources.ebpf.enabled = false".into()]);
         return Ok(tokio::spawn(async {}));
     }
-    let p = params(&c);
-    let cc = c.clone();
-    let loaded = tokio::task::spawn_blocking(move || loader::load(&cc, &p)).await?;
-    let loaded = match loaded {
-        Ok(l) => l,
-        Err(e) => {
-            EbpfUnavailable { error: &e }.emit(&ctx.model);
-            ctx.model.set_source_up("ebpf", false);
-            ctx.model
-                .set_source_detail("ebpf", vec![format!("off: {e}")]);
-            return Ok(tokio::spawn(async {}));
+    // Loaded again only where no earlier start left the programs attached: after the
+    // capability drop, a start that follows a panic could not load them (CAP_BPF).
+    let attached = match Kept::left(&ATTACHED) {
+        Some(a) => {
+            tracing::info!("eBPF attribution on again, with the programs still attached");
+            a
+        }
+        None => {
+            let p = params(&c);
+            let cc = c.clone();
+            let loaded = tokio::task::spawn_blocking(move || loader::load(&cc, &p)).await?;
+            let loaded = match loaded {
+                Ok(l) => l,
+                Err(e) => {
+                    EbpfUnavailable { error: &e }.emit(&ctx.model);
+                    ctx.model.set_source_up("ebpf", false);
+                    ctx.model
+                        .set_source_detail("ebpf", vec![format!("off: {e}")]);
+                    return Ok(tokio::spawn(async {}));
+                }
+            };
+            for (path, error) in &loaded.skipped {
+                EbpfWatchSkipped { path, error }.emit(&ctx.model);
+            }
+            tracing::info!(
+                attached = %loaded.attached.join(", "),
+                "eBPF attribution on"
+            );
+            match drain::attached(loaded) {
+                Ok(a) => a,
+                Err(e) => {
+                    EbpfMismatch { error: &e }.emit(&ctx.model);
+                    ctx.model.set_source_up("ebpf", false);
+                    ctx.model
+                        .set_source_detail("ebpf", vec![format!("off: {e}")]);
+                    return Ok(tokio::spawn(async {}));
+                }
+            }
         }
     };
-    for (path, error) in &loaded.skipped {
-        EbpfWatchSkipped { path, error }.emit(&ctx.model);
-    }
-    tracing::info!(
-        attached = %loaded.attached.join(", "),
-        "eBPF attribution on"
-    );
-    ctx.model.set_source_detail("ebpf", describe(&loaded));
+    ctx.model
+        .set_source_detail("ebpf", describe(&attached.loaded));
     ctx.model.set_source_up("ebpf", true);
+    let mut attached = Kept::new(&ATTACHED, attached);
     let (model, shutdown) = (ctx.model.clone(), ctx.shutdown.clone());
     // A panic on the drain's thread panics this task: the source is reported down and started
-    // again (the programs detach as the unwind drops them).
+    // again, with the programs and maps the drain held.
     let mut threads = crate::agent::SourceThreads::default();
-    threads.spawn("ebpf", move || drain::run(loaded, &c, &model, &shutdown))?;
+    threads.spawn("ebpf", move || {
+        drain::run(&mut attached, &c, &model, &shutdown)
+    })?;
     Ok(tokio::spawn(async move {
         threads.watch(&ctx.shutdown).await;
     }))

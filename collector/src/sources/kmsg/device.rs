@@ -47,7 +47,7 @@ fn wall_time(usec: u64) -> SystemTime {
 }
 
 /// Reads records until shutdown.
-pub fn run(mut file: std::fs::File, input: &Input, model: &Model, shutdown: &Shutdown) {
+pub fn run(file: &mut std::fs::File, input: &Input, model: &Model, shutdown: &Shutdown) {
     let mut buf = vec![0u8; BUFFER];
     let mut next = model.kmsg_next_seq();
     let mut parser = super::parser::Parser::default();
@@ -71,6 +71,8 @@ pub fn run(mut file: std::fs::File, input: &Input, model: &Model, shutdown: &Shu
                 }
                 next = rec.seq + 1;
                 input.read(1);
+                #[cfg(debug_assertions)]
+                failpoint(&rec);
                 // Counted and moved past in one step (a kill between the two would count
                 // the record again, or lose it).
                 model.checkpointed(Checkpoint::Kmsg(next), || {
@@ -98,6 +100,25 @@ pub fn run(mut file: std::fs::File, input: &Input, model: &Model, shutdown: &Shu
         }
     }
     model.flush_xids(true);
+}
+
+/// Debug builds only, for the tests of what follows a panic: with
+/// `JUNCTION_FAILPOINT_KMSG_PANIC=TEXT`, the reader panics at the first record whose message
+/// contains TEXT (once a process).
+#[cfg(debug_assertions)]
+fn failpoint(rec: &super::record::Record<'_>) {
+    static PLAN: std::sync::OnceLock<Option<(String, std::sync::atomic::AtomicBool)>> =
+        std::sync::OnceLock::new();
+    let plan = PLAN.get_or_init(|| {
+        let text = std::env::var("JUNCTION_FAILPOINT_KMSG_PANIC").ok()?;
+        Some((text, std::sync::atomic::AtomicBool::new(false)))
+    });
+    if let Some((text, done)) = plan
+        && rec.message.contains(text.as_str())
+        && !done.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        panic!("JUNCTION_FAILPOINT_KMSG_PANIC: the kernel-log reader panics here");
+    }
 }
 
 /// Waits for the device to be readable (or 500 ms, to look at the shutdown flag).

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::agent::{Component, Ctx};
+use crate::agent::{Component, Ctx, Kept};
 use crate::config::{Config, Invalid, config_section};
 use crate::model::xid::{Report, Via};
 use crate::model::xid_catalog::recovery_action;
@@ -400,6 +400,10 @@ fn wait_for_gpus(config: &Config, model: &Model, shutdown: &Shutdown) -> bool {
     true
 }
 
+/// The kernel log's descriptor while a reader holds it, left here by a reader that panicked
+/// for the next start (which reads on from the record after the one it was at).
+static DEVICE: Mutex<Option<std::fs::File>> = Mutex::new(None);
+
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let c = config.sources.kmsg.clone();
     let stats = Arc::new(Stats::default());
@@ -407,16 +411,23 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     // A panic on one of the source's threads panics its task: reported down, started again.
     let mut threads = crate::agent::SourceThreads::default();
     if !c.device.is_empty() {
-        match device::open(std::path::Path::new(&c.device)) {
+        // Opened again only where no earlier start left it: after the capability drop, a
+        // start that follows a panic could not open it (CAP_SYSLOG).
+        let opened = match Kept::left(&DEVICE) {
+            Some(file) => Ok(file),
+            None => device::open(std::path::Path::new(&c.device)),
+        };
+        match opened {
             Ok(file) => {
                 up = true;
                 let input = Input::new(Via::Kmsg, c.accept_user_records, stats.clone());
                 let (model, shutdown, cfg) =
                     (ctx.model.clone(), ctx.shutdown.clone(), config.clone());
+                let mut file = Kept::new(&DEVICE, file);
                 threads.spawn("kmsg", move || {
                     if wait_for_gpus(&cfg, &model, &shutdown) {
                         crate::privileges::wait_gate();
-                        device::run(file, &input, &model, &shutdown);
+                        device::run(&mut file, &input, &model, &shutdown);
                     }
                 })?;
                 tracing::info!(device = %c.device, "reading the kernel log");
