@@ -171,16 +171,32 @@ impl ThreadPanics {
 }
 
 /// The threads a source runs beside its task (blocking reads: the eBPF ring, the kernel
-/// log). A panic on one of them is the task's own: [`SourceThreads::watch`] panics with it, so
-/// that the supervisor reports the source down with the message and starts it again. Without
-/// this, a thread that died left the source reading as up while nothing read its input.
-#[derive(Default)]
+/// log). A panic on one of them is the task's own: [`SourceThreads::watch`] stops the others
+/// and panics with it, so that the supervisor reports the source down with the message and
+/// starts it again. Without this, a thread that died left the source reading as up while
+/// nothing read its input; and a restart beside siblings still running ran two readers of
+/// the same input.
 pub struct SourceThreads {
     handles: Vec<std::thread::JoinHandle<()>>,
     panics: ThreadPanics,
+    stop: Shutdown,
 }
 
 impl SourceThreads {
+    /// Threads that stop at `shutdown`, or when one of them panics.
+    pub fn new(shutdown: &Shutdown) -> Self {
+        Self {
+            handles: Vec::new(),
+            panics: ThreadPanics::default(),
+            stop: shutdown.child(),
+        }
+    }
+
+    /// What the threads stop at (the agent's shutdown, or a sibling's panic).
+    pub fn stop(&self) -> &Shutdown {
+        &self.stop
+    }
+
     /// Runs `work` on a new thread named `name`.
     pub fn spawn(
         &mut self,
@@ -191,12 +207,13 @@ impl SourceThreads {
         Ok(())
     }
 
-    /// Until `shutdown`: panics with the message of a thread that panicked first. At shutdown,
-    /// waits for the threads to end, up to [`SHUTDOWN_DEADLINE`]; one stuck in a call is left
-    /// behind.
+    /// Until `shutdown`: once a thread has panicked, stops the others, waits for them up to
+    /// [`SHUTDOWN_DEADLINE`] and panics with the first one's message. At shutdown, waits for
+    /// the threads to end, up to [`SHUTDOWN_DEADLINE`]; one stuck in a call is left behind.
     pub async fn watch(self, shutdown: &Shutdown) {
-        if let Some(why) = shutdown.unless(self.panics.first()).await {
-            panic!("{why}");
+        let why = shutdown.unless(self.panics.first()).await;
+        if why.is_some() {
+            self.stop.trigger();
         }
         let handles = self.handles;
         let _ = tokio::task::spawn_blocking(move || {
@@ -206,30 +223,35 @@ impl SourceThreads {
             }
         })
         .await;
+        if let Some(why) = why {
+            panic!("{why}");
+        }
     }
 }
 
 /// What a source opened while it still held the capabilities it starts with (the kernel log's
-/// descriptor, the BPF programs and their maps), handed to its next start when one of its
-/// threads panics. After the capability drop that start could not open them again (`EPERM`
-/// from `/dev/kmsg` without CAP_SYSLOG, from `bpf()` without CAP_BPF), and the source stayed
-/// off until the agent was restarted. At shutdown, or when the run ends without a panic, the
-/// value is dropped as before.
+/// descriptor, the BPF programs and their maps), handed to its next start when its run ends
+/// before the agent's shutdown (a panic of its thread or a sibling's). After the capability
+/// drop that start could not open them again (`EPERM` from `/dev/kmsg` without CAP_SYSLOG, from
+/// `bpf()` without CAP_BPF), and the source stayed off until the agent was restarted. At the
+/// agent's shutdown the value is dropped.
 pub struct Kept<T: Send + 'static> {
     slot: &'static std::sync::Mutex<Option<T>>,
     value: Option<T>,
+    shutdown: Shutdown,
 }
 
 impl<T: Send + 'static> Kept<T> {
-    /// Holds `value`, for `slot` if the holder panics.
-    pub fn new(slot: &'static std::sync::Mutex<Option<T>>, value: T) -> Self {
+    /// Holds `value`, for `slot` unless `shutdown` (the agent's) has come when it is dropped.
+    pub fn new(slot: &'static std::sync::Mutex<Option<T>>, value: T, shutdown: &Shutdown) -> Self {
         Self {
             slot,
             value: Some(value),
+            shutdown: shutdown.clone(),
         }
     }
 
-    /// What the last holder left in `slot` when it panicked (taken).
+    /// What the last holder left in `slot` (taken).
     pub fn left(slot: &'static std::sync::Mutex<Option<T>>) -> Option<T> {
         crate::model::lock(slot).take()
     }
@@ -250,7 +272,7 @@ impl<T: Send + 'static> std::ops::DerefMut for Kept<T> {
 
 impl<T: Send + 'static> Drop for Kept<T> {
     fn drop(&mut self) {
-        if std::thread::panicking()
+        if !self.shutdown.is_triggered()
             && let Some(v) = self.value.take()
         {
             *crate::model::lock(self.slot) = Some(v);
@@ -265,7 +287,7 @@ mod tests {
     #[tokio::test]
     async fn a_thread_that_panics_panics_its_task_and_one_that_ends_does_not() {
         let shutdown = Shutdown::default();
-        let mut threads = SourceThreads::default();
+        let mut threads = SourceThreads::new(&shutdown);
         threads.spawn("quiet", || {}).expect("spawn");
         let (go, wait) = std::sync::mpsc::channel::<()>();
         threads
@@ -291,7 +313,7 @@ mod tests {
     #[tokio::test]
     async fn at_shutdown_the_threads_are_waited_for_and_nothing_panics() {
         let shutdown = Shutdown::default();
-        let mut threads = SourceThreads::default();
+        let mut threads = SourceThreads::new(&shutdown);
         let stop = shutdown.clone();
         let (done, ended) = std::sync::mpsc::channel();
         threads
@@ -311,10 +333,11 @@ mod tests {
             .expect("the thread had ended when watch returned");
     }
 
-    /// A value held by a thread that panics is left for the next start, as it was; one held
-    /// by a run that ends is dropped, and nothing is left.
+    /// When one thread panics, its sibling is stopped before the task panics, and what the
+    /// sibling held is left for the next start, as it was; a run that ends at the agent's
+    /// shutdown drops what it holds, and nothing is left.
     #[tokio::test]
-    async fn what_a_panicking_thread_held_is_left_for_the_next_start() {
+    async fn a_panic_stops_the_siblings_and_what_they_held_is_left_for_the_next_start() {
         static SLOT: std::sync::Mutex<Option<(u32, Tracked)>> = std::sync::Mutex::new(None);
         static DROPPED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         struct Tracked;
@@ -324,28 +347,42 @@ mod tests {
             }
         }
         let shutdown = Shutdown::default();
-        let mut threads = SourceThreads::default();
+        let mut threads = SourceThreads::new(&shutdown);
+        let (stop, agent) = (threads.stop().clone(), shutdown.clone());
+        let (reading, read) = std::sync::mpsc::channel::<()>();
         threads
-            .spawn("reader", || {
-                let mut held = Kept::new(&SLOT, (7, Tracked));
+            .spawn("reader", move || {
+                let mut held = Kept::new(&SLOT, (7, Tracked), &agent);
                 held.0 += 1;
-                panic!("bad record");
+                reading.send(()).expect("test waits");
+                while !stop.sleep(std::time::Duration::from_secs(30)) {}
             })
             .expect("spawn");
-        let e = tokio::spawn(async move { threads.watch(&shutdown).await })
+        read.recv().expect("the reader holds it");
+        threads
+            .spawn("parser", || panic!("bad record"))
+            .expect("spawn");
+        let s = shutdown.clone();
+        let e = tokio::spawn(async move { threads.watch(&s).await })
             .await
             .expect_err("the task panics with the thread");
         assert!(e.is_panic());
-        let (n, t) = Kept::left(&SLOT).expect("left by the panic");
+        let (n, t) = Kept::left(&SLOT).expect("left by the stopped reader");
         assert_eq!(n, 8, "as the thread left it");
         assert_eq!(DROPPED.load(std::sync::atomic::Ordering::SeqCst), 0);
         assert!(Kept::left(&SLOT).is_none(), "taken once");
-        // The next run ends without a panic: what it holds is dropped, nothing is left.
-        std::thread::spawn(move || {
-            let _held = Kept::new(&SLOT, (n, t));
-        })
-        .join()
-        .expect("no panic");
+        assert!(!shutdown.is_triggered());
+        // The next run ends at the agent's shutdown: what it holds is dropped.
+        let mut threads = SourceThreads::new(&shutdown);
+        let (stop, agent) = (threads.stop().clone(), shutdown.clone());
+        threads
+            .spawn("reader", move || {
+                let _held = Kept::new(&SLOT, (n, t), &agent);
+                while !stop.sleep(std::time::Duration::from_secs(30)) {}
+            })
+            .expect("spawn");
+        shutdown.trigger();
+        threads.watch(&shutdown).await;
         assert_eq!(DROPPED.load(std::sync::atomic::Ordering::SeqCst), 1);
         assert!(Kept::left(&SLOT).is_none());
     }

@@ -11,6 +11,8 @@ struct Inner {
     stop: Mutex<bool>,
     wake: Condvar,
     tx: tokio::sync::watch::Sender<bool>,
+    /// Signals this one triggers too ([`Shutdown::child`]).
+    children: Mutex<Vec<std::sync::Weak<Inner>>>,
 }
 
 /// A cloneable shutdown signal.
@@ -23,6 +25,7 @@ impl Default for Shutdown {
             stop: Mutex::new(false),
             wake: Condvar::new(),
             tx: tokio::sync::watch::Sender::new(false),
+            children: Mutex::new(Vec::new()),
         }))
     }
 }
@@ -33,6 +36,30 @@ impl Shutdown {
         *lock(&self.0.stop) = true;
         self.0.wake.notify_all();
         self.0.tx.send_replace(true);
+        let children: Vec<_> = lock(&self.0.children)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        for c in children {
+            Shutdown(c).trigger();
+        }
+    }
+
+    /// A signal of its own that this one triggers too: the threads of one start of a source,
+    /// stopped together when one of them panics, before the source is started again.
+    pub fn child(&self) -> Shutdown {
+        let child = Shutdown::default();
+        {
+            let mut children = lock(&self.0.children);
+            children.retain(|c| c.strong_count() > 0);
+            children.push(Arc::downgrade(&child.0));
+        }
+        // Registered before the flag is read: a trigger meanwhile either finds it in the list
+        // or has set the flag.
+        if self.is_triggered() {
+            child.trigger();
+        }
+        child
     }
 
     /// True once triggered.
@@ -101,5 +128,34 @@ impl Ticks<'_> {
         }
         self.next = Some(tokio::time::Instant::now() + self.interval);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child is triggered with its parent, also one made after the parent was triggered;
+    /// triggering a child leaves the parent and the other children running.
+    #[test]
+    fn a_child_stops_with_its_parent_and_alone() {
+        let parent = Shutdown::default();
+        let (a, b) = (parent.child(), parent.child());
+        a.trigger();
+        assert!(a.is_triggered() && !b.is_triggered() && !parent.is_triggered());
+        let waiting = {
+            let b = b.clone();
+            std::thread::spawn(move || b.sleep(Duration::from_secs(30)))
+        };
+        parent.trigger();
+        assert!(
+            waiting.join().expect("no panic"),
+            "a sleeping child is woken"
+        );
+        assert!(b.is_triggered());
+        assert!(
+            parent.child().is_triggered(),
+            "made after its parent stopped"
+        );
     }
 }

@@ -474,10 +474,12 @@ fn a_dev_kmsg_flood_loses_nothing_or_counts_the_loss() {
 
 /// A panic of the `/dev/kmsg` reader after the capability drop (a defect of Junction's; a
 /// debug build's failpoint makes it here, at a record of the test's): the panic is counted,
-/// the source is started again with the descriptor the reader held (it could not open the
-/// device again: CAP_SYSLOG is dropped, and `kernel.dmesg_restrict` is set on the CI
-/// machines), and it reads on: an XID written after the panic is counted, once, and the
-/// record the reader panicked at is counted as lost rather than read again.
+/// the source's other reader (a followed file) is stopped before the source starts again (else
+/// the file would have two readers and count each line twice), and the source is started again
+/// with the descriptor the reader held (it could not open the device again: CAP_SYSLOG is
+/// dropped, and `kernel.dmesg_restrict` is set on the CI machines). Both read on: an XID
+/// written to each after the panic is counted once, and the record the reader panicked at is
+/// counted as lost rather than read again.
 #[test]
 fn the_kernel_log_is_read_on_after_its_reader_panics() {
     if !privileged() {
@@ -488,12 +490,21 @@ fn the_kernel_log_is_read_on_after_its_reader_panics() {
     eprintln!("kernel.dmesg_restrict set: {restricted}");
     let d = domain(15);
     let scen = scenario(d, 2, "");
-    let state = support::temp_dir().join("state");
+    let dir = support::temp_dir();
+    let log = dir.join("kern.log");
+    append(&log, "Dec  7 00:00:00 node kernel: [    1.000] booting\n");
     let port = support::free_port();
     let marker = format!("junction failpoint {} {d}", std::process::id());
     let mut agent = Agent::spawn_config_path(
         &scen,
-        &config(port, &state, "accept_user_records = true"),
+        &config(
+            port,
+            &dir.join("state"),
+            &format!(
+                "accept_user_records = true\nfiles = [{:?}]",
+                log.display().to_string()
+            ),
+        ),
         &[("JUNCTION_FAILPOINT_KMSG_PANIC", marker.as_str())],
     );
     let first = agent.wait_for(Duration::from_secs(30), |m| {
@@ -529,10 +540,24 @@ fn the_kernel_log_is_read_on_after_its_reader_panics() {
         lost >= 1.0,
         "the record it panicked at is counted lost: {lost}"
     );
-    // Later scrapes: still once, one panic.
+    append(
+        &log,
+        &format!(
+            "Dec  7 00:00:01 node kernel: [    2.000] NVRM: Xid (PCI:{d:04x}:19:00): 31, pid=7, name=a, MMU Fault\n"
+        ),
+    );
+    agent.wait_for(Duration::from_secs(30), |m| {
+        xid(m, &ids[1], "31") == Some(1.0)
+    });
+    // Later scrapes: each still once, one panic.
     std::thread::sleep(Duration::from_secs(2));
     let later = scrape(port, Duration::from_secs(5)).expect("/metrics answers");
     assert_eq!(xid(&later, &ids[0], "13"), Some(1.0));
+    assert_eq!(
+        xid(&later, &ids[1], "31"),
+        Some(1.0),
+        "the file has one reader"
+    );
     assert_eq!(panics(&later), Some(1.0));
     let log = agent.log();
     assert!(log.contains("JUNCTION_FAILPOINT_KMSG_PANIC"), "{log}");

@@ -236,11 +236,11 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     ctx.model
         .set_source_detail("ebpf", describe(&attached.loaded));
     ctx.model.set_source_up("ebpf", true);
-    let mut attached = Kept::new(&ATTACHED, attached);
-    let (model, shutdown) = (ctx.model.clone(), ctx.shutdown.clone());
+    let mut attached = Kept::new(&ATTACHED, attached, &ctx.shutdown);
     // A panic on the drain's thread panics this task: the source is reported down and started
     // again, with the programs and maps the drain held.
-    let mut threads = crate::agent::SourceThreads::default();
+    let mut threads = crate::agent::SourceThreads::new(&ctx.shutdown);
+    let (model, shutdown) = (ctx.model.clone(), threads.stop().clone());
     threads.spawn("ebpf", move || {
         drain::run(&mut attached, &c, &model, &shutdown)
     })?;

@@ -400,8 +400,9 @@ fn wait_for_gpus(config: &Config, model: &Model, shutdown: &Shutdown) -> bool {
     true
 }
 
-/// The kernel log's descriptor while a reader holds it, left here by a reader that panicked
-/// for the next start (which reads on from the record after the one it was at).
+/// The kernel log's descriptor while a reader holds it, left here for the next start by a
+/// reader whose run ended before the agent's shutdown (a panic, its own or a sibling's; the
+/// next start reads on from the record after the one it was at).
 static DEVICE: Mutex<Option<std::fs::File>> = Mutex::new(None);
 
 async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::JoinHandle<()>> {
@@ -409,7 +410,7 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
     let stats = Arc::new(Stats::default());
     let mut up = false;
     // A panic on one of the source's threads panics its task: reported down, started again.
-    let mut threads = crate::agent::SourceThreads::default();
+    let mut threads = crate::agent::SourceThreads::new(&ctx.shutdown);
     if !c.device.is_empty() {
         // Opened again only where no earlier start left it: after the capability drop, a
         // start that follows a panic could not open it (CAP_SYSLOG).
@@ -422,8 +423,8 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
                 up = true;
                 let input = Input::new(Via::Kmsg, c.accept_user_records, stats.clone());
                 let (model, shutdown, cfg) =
-                    (ctx.model.clone(), ctx.shutdown.clone(), config.clone());
-                let mut file = Kept::new(&DEVICE, file);
+                    (ctx.model.clone(), threads.stop().clone(), config.clone());
+                let mut file = Kept::new(&DEVICE, file, &ctx.shutdown);
                 threads.spawn("kmsg", move || {
                     if wait_for_gpus(&cfg, &model, &shutdown) {
                         crate::privileges::wait_gate();
@@ -446,7 +447,7 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
         let input = Input::new(Via::File, c.accept_user_records, stats.clone());
         let (model, shutdown, cfg, files) = (
             ctx.model.clone(),
-            ctx.shutdown.clone(),
+            threads.stop().clone(),
             config.clone(),
             c.files.clone(),
         );
