@@ -181,6 +181,41 @@ fn check(c: &EbpfConfig, model: &Model) {
     }
 }
 
+/// The source off, and why.
+fn off(model: &Model, why: &dyn std::fmt::Display) {
+    model.set_source_up("ebpf", false);
+    model.set_source_detail("ebpf", vec![format!("off: {why}")]);
+}
+
+/// Loads and attaches the programs and takes the maps the drain reads; `None` (said, and the
+/// source off) where that fails.
+async fn attach(c: &EbpfConfig, model: &Model) -> anyhow::Result<Option<drain::Attached>> {
+    let (p, cc) = (params(c), c.clone());
+    let loaded = match tokio::task::spawn_blocking(move || loader::load(&cc, &p)).await? {
+        Ok(l) => l,
+        Err(e) => {
+            EbpfUnavailable { error: &e }.emit(model);
+            off(model, &e);
+            return Ok(None);
+        }
+    };
+    for (path, error) in &loaded.skipped {
+        EbpfWatchSkipped { path, error }.emit(model);
+    }
+    tracing::info!(
+        attached = %loaded.attached.join(", "),
+        "eBPF attribution on"
+    );
+    match drain::attached(loaded) {
+        Ok(a) => Ok(Some(a)),
+        Err(e) => {
+            EbpfMismatch { error: &e }.emit(model);
+            off(model, &e);
+            Ok(None)
+        }
+    }
+}
+
 /// The attached programs and their maps while the drain holds them, left here by a drain that
 /// panicked for the next start.
 static ATTACHED: std::sync::Mutex<Option<drain::Attached>> = std::sync::Mutex::new(None);
@@ -200,38 +235,10 @@ async fn start(config: Arc<Config>, ctx: Ctx) -> anyhow::Result<tokio::task::Joi
             tracing::info!("eBPF attribution on again, with the programs still attached");
             a
         }
-        None => {
-            let p = params(&c);
-            let cc = c.clone();
-            let loaded = tokio::task::spawn_blocking(move || loader::load(&cc, &p)).await?;
-            let loaded = match loaded {
-                Ok(l) => l,
-                Err(e) => {
-                    EbpfUnavailable { error: &e }.emit(&ctx.model);
-                    ctx.model.set_source_up("ebpf", false);
-                    ctx.model
-                        .set_source_detail("ebpf", vec![format!("off: {e}")]);
-                    return Ok(tokio::spawn(async {}));
-                }
-            };
-            for (path, error) in &loaded.skipped {
-                EbpfWatchSkipped { path, error }.emit(&ctx.model);
-            }
-            tracing::info!(
-                attached = %loaded.attached.join(", "),
-                "eBPF attribution on"
-            );
-            match drain::attached(loaded) {
-                Ok(a) => a,
-                Err(e) => {
-                    EbpfMismatch { error: &e }.emit(&ctx.model);
-                    ctx.model.set_source_up("ebpf", false);
-                    ctx.model
-                        .set_source_detail("ebpf", vec![format!("off: {e}")]);
-                    return Ok(tokio::spawn(async {}));
-                }
-            }
-        }
+        None => match attach(&c, &ctx.model).await? {
+            Some(a) => a,
+            None => return Ok(tokio::spawn(async {})),
+        },
     };
     ctx.model
         .set_source_detail("ebpf", describe(&attached.loaded));
