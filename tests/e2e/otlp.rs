@@ -1073,6 +1073,72 @@ fn delta_reports_each_xid_once_across_a_restart() {
     assert!(agent.terminate().success());
 }
 
+/// With delta temporality, counters are reported once across a panic of the exporter (a
+/// defect of Junction's; a debug build's failpoint makes it here, after the third export):
+/// the panic is counted, the supervisor starts the sink again, and the new exporter goes on
+/// from the state the first one saved while it ran.
+#[test]
+fn delta_reports_counts_once_across_a_panic_of_the_exporter() {
+    let rx = Receiver::start();
+    let dir = support::temp_dir();
+    let scen = dir.join("one-gpu.toml");
+    std::fs::write(
+        &scen,
+        format!(
+            "base = {:?}\ngpu_count = 1\n",
+            support::scenario("h100-training.toml")
+                .display()
+                .to_string()
+        ),
+    )
+    .expect("scenario");
+    let port = support::free_port();
+    let cfg = config(
+        port,
+        &format!(
+            "endpoint = {:?}\nprotocol = \"grpc\"\ntemporality = \"delta\"\n",
+            rx.grpc_url()
+        ),
+    );
+    let mut agent =
+        Agent::spawn_config_path(&scen, &cfg, &[("JUNCTION_FAILPOINT_OTLP_PANIC", "3")]);
+    let panics = |m: &str| {
+        support::value(
+            &parse(m),
+            "junction_source_errors_total",
+            &[
+                ("junction_source", "otlp"),
+                ("junction_stage", "task"),
+                ("error_type", "panic"),
+            ],
+        )
+    };
+    agent.wait_for(Duration::from_secs(30), |m| panics(m) == Some(1.0));
+    let after = rx.with(|r| r.metrics.len());
+    rx.wait_for(
+        Duration::from_secs(20),
+        "three exports after the panic",
+        |r| r.metrics.len() >= after + 3,
+    );
+    let ((life, d1), (vol, d2)) = rx.with(|r| {
+        (
+            delta_sum(r, "gpu.ecc.errors.lifetime", "error.type", "corrected"),
+            delta_sum(r, "hw.errors", "error.type", "corrected"),
+        )
+    });
+    assert!(d1 && d2, "exported as delta");
+    let log = agent.log();
+    assert_eq!((life, vol), (17.0, 2.0), "reported once\n{log}");
+    assert!(log.contains("JUNCTION_FAILPOINT_OTLP_PANIC"), "{log}");
+    assert!(log.contains("going on from the last export"), "{log}");
+    assert_eq!(
+        panics(&scrape(port, Duration::from_secs(5)).expect("scrape")),
+        Some(1.0),
+        "one panic"
+    );
+    assert!(agent.terminate().success());
+}
+
 /// With delta temporality, counters are reported once across crashes of the agent: it saves
 /// its exports' counter values in `state_dir` while it runs, so a start after a crash goes
 /// on from the last save. The driver's count (the volatile ECC count) goes on within its

@@ -111,6 +111,26 @@ impl Exporter {
     }
 }
 
+/// Debug builds only, for the tests of what follows a panic: with
+/// `JUNCTION_FAILPOINT_OTLP_PANIC=N`, the metrics exporter panics after the process's Nth
+/// export (once).
+#[cfg(debug_assertions)]
+fn failpoint() {
+    use std::sync::atomic::AtomicU32;
+    static EXPORTS: AtomicU32 = AtomicU32::new(0);
+    static AT: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| {
+        std::env::var("JUNCTION_FAILPOINT_OTLP_PANIC")
+            .ok()
+            .and_then(|n| n.parse().ok())
+    });
+    if let Some(at) = *at
+        && EXPORTS.fetch_add(1, Ordering::Relaxed) + 1 == at
+    {
+        panic!("JUNCTION_FAILPOINT_OTLP_PANIC: the OTLP metrics exporter panics here");
+    }
+}
+
 /// The export interval and the request timeout.
 struct Every {
     interval: Duration,
@@ -164,6 +184,8 @@ async fn run(
         if last {
             return;
         }
+        #[cfg(debug_assertions)]
+        failpoint();
         next += interval;
         let now = Instant::now();
         if next <= now {
