@@ -217,6 +217,19 @@ impl Model {
         r
     }
 
+    /// [`Model::checkpointed`] for the `/dev/kmsg` record `seq`, unless a reader has already
+    /// moved past it (false, and `count` does not run): a record is counted once, however many
+    /// readers came upon it.
+    pub fn kmsg_checkpointed(&self, seq: u64, count: impl FnOnce()) -> bool {
+        let _gate = lock(&self.xids.gate);
+        if seq < lock(&self.xids.inner).saved.kmsg_next_seq {
+            return false;
+        }
+        count();
+        lock(&self.xids.inner).advance(&Checkpoint::Kmsg(seq + 1));
+        true
+    }
+
     /// Where a file was read up to.
     pub fn file_cursor(&self, path: &str) -> Option<FileCursor> {
         lock(&self.xids.inner).saved.files.get(path).cloned()

@@ -343,3 +343,16 @@ fn a_nic_line_names_the_gpus_of_its_rail_and_a_crash_is_remembered_under_its_boo
         ("boot-before", "kernel_panic", 1_700_000_000_000)
     );
 }
+
+/// A `/dev/kmsg` record is counted once, whichever reader comes upon it first; a later
+/// record still is.
+#[test]
+fn a_kmsg_record_is_counted_once_by_two_readers() {
+    let m = Model::new();
+    let mut counted = 0;
+    for seq in [5, 5, 6, 4, 6] {
+        m.kmsg_checkpointed(seq, || counted += 1);
+    }
+    assert_eq!(counted, 2, "5 and 6, once each");
+    assert_eq!(m.kmsg_next_seq(), 7);
+}

@@ -15,7 +15,6 @@ use std::time::{Duration, SystemTime};
 use super::Input;
 use crate::internal_events::{InternalEvent, KmsgReadFailed};
 use crate::model::Model;
-use crate::model::xid::Checkpoint;
 use crate::shutdown::Shutdown;
 
 /// Bytes per `read()`: one record is at most 8 KiB (printk's limit) plus its dictionary.
@@ -74,8 +73,9 @@ pub fn run(file: &mut std::fs::File, input: &Input, model: &Model, shutdown: &Sh
                 #[cfg(debug_assertions)]
                 failpoint(&rec);
                 // Counted and moved past in one step (a kill between the two would count
-                // the record again, or lose it).
-                model.checkpointed(Checkpoint::Kmsg(next), || {
+                // the record again, or lose it), and not where another reader has (a second
+                // reader is a defect, but must not count a record twice).
+                model.kmsg_checkpointed(rec.seq, || {
                     input.record(&mut parser, &rec, wall_time(rec.usec), model);
                 });
                 input.tick(model);
