@@ -1073,14 +1073,8 @@ fn delta_reports_each_xid_once_across_a_restart() {
     assert!(agent.terminate().success());
 }
 
-/// With delta temporality, counters are reported once across a panic of the exporter (a
-/// defect of Junction's; a debug build's failpoint makes it here, after the third export):
-/// the panic is counted, the supervisor starts the sink again, and the new exporter goes on
-/// from the state the first one saved while it ran.
-#[test]
-fn delta_reports_counts_once_across_a_panic_of_the_exporter() {
-    let rx = Receiver::start();
-    let dir = support::temp_dir();
+/// A scenario of one H100 in `dir`, for the delta tests (one GPU's counts to add up).
+fn one_gpu(dir: &std::path::Path) -> std::path::PathBuf {
     let scen = dir.join("one-gpu.toml");
     std::fs::write(
         &scen,
@@ -1092,6 +1086,18 @@ fn delta_reports_counts_once_across_a_panic_of_the_exporter() {
         ),
     )
     .expect("scenario");
+    scen
+}
+
+/// With delta temporality, counters are reported once across a panic of the exporter (a
+/// defect of Junction's; a debug build's failpoint makes it here, after the third export):
+/// the panic is counted, the supervisor starts the sink again, and the new exporter goes on
+/// from the state the first one saved while it ran.
+#[test]
+fn delta_reports_counts_once_across_a_panic_of_the_exporter() {
+    let rx = Receiver::start();
+    let dir = support::temp_dir();
+    let scen = one_gpu(&dir);
     let port = support::free_port();
     let cfg = config(
         port,
@@ -1148,17 +1154,7 @@ fn delta_reports_counts_once_across_a_panic_of_the_exporter() {
 fn delta_reports_counts_once_across_crashes_and_a_reboot() {
     let rx = Receiver::start();
     let dir = support::temp_dir();
-    let scen = dir.join("one-gpu.toml");
-    std::fs::write(
-        &scen,
-        format!(
-            "base = {:?}\ngpu_count = 1\n",
-            support::scenario("h100-training.toml")
-                .display()
-                .to_string()
-        ),
-    )
-    .expect("scenario");
+    let scen = one_gpu(&dir);
     let scen = scen.display().to_string();
     // A /proc of the test's own, for the boot id: a simulated reboot is a new one.
     let proc_dir = dir.join("proc");
