@@ -9,22 +9,54 @@
 //! At start-up, what was appended to the same file while Junction was down is read first;
 //! after a rotation while it was down, the new file is read from its start; without a saved
 //! position the file's past is not read (as `tail -f`).
+//!
+//! One reader a file in the process: a reader that a restart of the source left behind (a
+//! sibling thread's panic stopped it, and it was still in a read past the shutdown deadline)
+//! keeps its file until it ends, and the next start's reader waits for it, then goes on from
+//! the position it saved, instead of counting the same lines again. A reader reads at most
+//! [`MAX_TURN`] bytes of a file before it looks at the shutdown signal again, so a backlog
+//! of gigabytes neither holds a stop past its deadline nor is read twice.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::Input;
 use super::parser::Parser;
 use crate::internal_events::{InternalEvent, KmsgFileFailed};
-use crate::model::Model;
 use crate::model::xid::{Checkpoint, FileCursor};
+use crate::model::{Model, lock};
 use crate::shutdown::Shutdown;
 
 /// The longest line read (the kernel's own records are at most 8 KiB); a longer one is
 /// skipped whole and counted as ignored, never held.
 pub const MAX_LINE: usize = 64 * 1024;
+
+/// The most bytes of one file read in one turn, between two looks at the shutdown signal.
+pub const MAX_TURN: u64 = 4 * 1024 * 1024;
+
+/// The files that a reader of this process follows.
+static FOLLOWING: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// A file taken for one reader ([`FOLLOWING`]); given back when the reader ends.
+struct Lease(String);
+
+impl Lease {
+    /// Takes `path`, unless another reader has it.
+    fn take(path: &str) -> Option<Lease> {
+        lock(&FOLLOWING)
+            .insert(path.to_string())
+            .then(|| Lease(path.to_string()))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        lock(&FOLLOWING).remove(&self.0);
+    }
+}
 
 struct Followed {
     path: Arc<str>,
@@ -69,11 +101,18 @@ impl Followed {
         f
     }
 
-    /// Reads every complete line up to the end. Each line is counted and the position moved
-    /// past it as one step; bytes that are not UTF-8 are replaced, not dropped.
-    fn drain(&mut self, input: &Input, model: &Model) {
-        let Some(r) = &mut self.reader else { return };
+    /// Reads every complete line up to the end, or [`MAX_TURN`] bytes: true when it stopped
+    /// for the latter, with more to read. Each line is counted and the position moved past it
+    /// as one step; bytes that are not UTF-8 are replaced, not dropped.
+    fn drain(&mut self, input: &Input, model: &Model) -> bool {
+        let Some(r) = &mut self.reader else {
+            return false;
+        };
+        let start = self.cursor.offset + self.partial.len() as u64 + self.skipped;
         loop {
+            if self.cursor.offset + self.partial.len() as u64 + self.skipped - start >= MAX_TURN {
+                return true;
+            }
             let room = (MAX_LINE + 1).saturating_sub(self.partial.len()) as u64;
             match r.by_ref().take(room).read_until(b'\n', &mut self.partial) {
                 Ok(0) => break,
@@ -113,6 +152,7 @@ impl Followed {
                 break;
             }
         }
+        false
     }
 
     /// Follows a rotation (another inode at the path) or a truncation.
@@ -133,8 +173,11 @@ impl Followed {
             }
             return;
         }
-        // The rest of the old file first (its handle still reads it), then the new one.
-        self.drain(input, model);
+        // The rest of the old file first (its handle still reads it), then the new one (at a
+        // later turn, if the rest is more than one).
+        if self.drain(input, model) {
+            return;
+        }
         let file = std::fs::File::open(&*self.path);
         if let Err(e) = &file
             && e.kind() != std::io::ErrorKind::NotFound
@@ -167,19 +210,17 @@ pub async fn run(paths: Vec<String>, input: Input, model: Arc<Model>, shutdown: 
             None
         }
     };
-    let mut followed = Vec::new();
-    for path in paths {
+    for path in &paths {
         if let Some(n) = &mut notify
-            && let Err(e) = n.add_file(&path).await
+            && let Err(e) = n.add_file(path).await
         {
             tracing::warn!(file = %path, error = %e, "cannot watch the kernel-log file; checking it every 250 ms instead");
         }
-        let mut f = Followed::open(&path, model.file_cursor(&path));
-        f.drain(&input, &model);
-        model.set_file_cursor(&f.path, f.cursor.clone());
-        tracing::info!(file = %path, "following the kernel-log file");
-        followed.push(f);
     }
+    // Each file once no other reader of the process has it (see the module's documentation).
+    let mut waiting = paths;
+    let mut followed: Vec<(Lease, Followed)> = Vec::new();
+    let mut backlog = take_free(&mut waiting, &mut followed, &input, &model, true);
     let mut check = tokio::time::interval(Duration::from_millis(250));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
@@ -190,11 +231,13 @@ pub async fn run(paths: Vec<String>, input: Input, model: Arc<Model>, shutdown: 
             }
         };
         tokio::select! {
+            biased;
             () = shutdown.wait() => break,
             _ = check.tick() => {
-                for f in &mut followed {
+                backlog = take_free(&mut waiting, &mut followed, &input, &model, false);
+                for (_, f) in &mut followed {
                     f.recheck(&input, &model);
-                    f.drain(&input, &model);
+                    backlog |= f.drain(&input, &model);
                     model.set_file_cursor(&f.path, f.cursor.clone());
                 }
                 input.tick(&model);
@@ -203,17 +246,57 @@ pub async fn run(paths: Vec<String>, input: Input, model: Arc<Model>, shutdown: 
                 if r.is_err() {
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
-                for f in &mut followed {
-                    f.drain(&input, &model);
-                }
+                backlog = drain_all(&mut followed, &input, &model);
+            }
+            // A turn for files with more to read, after a look at the signal.
+            () = std::future::ready(()), if backlog => {
+                backlog = drain_all(&mut followed, &input, &model);
             }
         }
     }
-    for f in &mut followed {
+    // One last turn each; what is left is read at the next start, from the saved position.
+    for (_, f) in &mut followed {
         f.drain(&input, &model);
         model.set_file_cursor(&f.path, f.cursor.clone());
     }
     model.flush_xids(true);
+}
+
+/// A turn of each followed file; true when one has more to read.
+fn drain_all(followed: &mut [(Lease, Followed)], input: &Input, model: &Model) -> bool {
+    let mut more = false;
+    for (_, f) in followed {
+        more |= f.drain(input, model);
+    }
+    more
+}
+
+/// Opens the files of `waiting` that no other reader has, from their saved positions, and
+/// reads a turn of each; true when one has more to read. The first time, says which files
+/// wait.
+fn take_free(
+    waiting: &mut Vec<String>,
+    followed: &mut Vec<(Lease, Followed)>,
+    input: &Input,
+    model: &Model,
+    first: bool,
+) -> bool {
+    let mut more = false;
+    waiting.retain(|path| {
+        let Some(lease) = Lease::take(path) else {
+            if first {
+                tracing::warn!(file = %path, "the kernel-log file is still read by the source's previous start (a reader left behind at its restart); following it once that reader stops");
+            }
+            return true;
+        };
+        let mut f = Followed::open(path, model.file_cursor(path));
+        more |= f.drain(input, model);
+        model.set_file_cursor(&f.path, f.cursor.clone());
+        tracing::info!(file = %path, "following the kernel-log file");
+        followed.push((lease, f));
+        false
+    });
+    more
 }
 
 /// Appends `chunks` one by one to a new file in `dir`, following it as the source does after
@@ -236,7 +319,7 @@ pub fn follow_chunks(model: &Model, dir: &std::path::Path, chunks: &[&[u8]]) {
             return;
         }
         written.extend_from_slice(c);
-        f.drain(&input, model);
+        while f.drain(&input, model) {}
         let complete = written
             .iter()
             .rposition(|b| *b == b'\n')
@@ -320,6 +403,115 @@ mod tests {
         assert_eq!(f.cursor.offset, written);
         assert!(f.partial.capacity() <= 2 * MAX_LINE + 2);
         assert_eq!(xids(&m), 3.0, "the line after the long one");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn append(path: &str, bytes: &[u8]) {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .expect("open")
+            .write_all(bytes)
+            .expect("write");
+    }
+
+    fn xid_line(pid: u32) -> String {
+        format!("Dec  1 11:00:00 node kernel: NVRM: Xid (PCI:0000:3b:00): 13, pid={pid}, x\n")
+    }
+
+    /// A reader that a restart of the source left behind keeps its file: the next start's
+    /// reader does not read it meanwhile, and once the old one stops goes on from the
+    /// position it saved. Every line is counted once (with two readers at once, the second
+    /// line would be counted by both).
+    #[test]
+    fn a_file_still_read_by_the_previous_start_is_followed_once_that_reader_stops() {
+        let dir = std::env::temp_dir().join(format!("junction-lease-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("kern.log").to_string_lossy().to_string();
+        std::fs::write(&path, b"").expect("file");
+        let m = Arc::new(Model::default());
+        let stats = Arc::new(super::super::Stats::default());
+        // The previous start's reader: it holds the file and has counted its first line.
+        let lease = Lease::take(&path).expect("no reader yet");
+        let input = Input::new(Via::File, false, stats.clone());
+        let mut old = Followed::open(&path, Some(FileCursor::default()));
+        append(&path, xid_line(1).as_bytes());
+        assert!(!old.drain(&input, &m));
+        assert_eq!(xids(&m), 1.0);
+
+        // The next start's.
+        let shutdown = Shutdown::default();
+        let next = {
+            let (m, sd, path) = (m.clone(), shutdown.clone(), path.clone());
+            let input = Input::new(Via::File, false, stats);
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime")
+                    .block_on(run(vec![path], input, m, sd));
+            })
+        };
+        append(&path, xid_line(2).as_bytes());
+        std::thread::sleep(Duration::from_millis(1200));
+        assert_eq!(xids(&m), 1.0, "not read while the old reader has the file");
+        // The old reader was held, not dead: it reads the second line, then ends.
+        assert!(!old.drain(&input, &m));
+        assert_eq!(xids(&m), 2.0);
+        drop(old);
+        drop(lease);
+        append(&path, xid_line(3).as_bytes());
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while xids(&m) < 3.0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(xids(&m), 3.0, "the third line, once; the second not again");
+        shutdown.trigger();
+        next.join().expect("the reader ends");
+        assert!(
+            Lease::take(&path).is_some(),
+            "given back when the reader ends"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A backlog larger than a turn is read in turns of at most [`MAX_TURN`] bytes, each
+    /// ending at a line's end, and all of it is counted once.
+    #[test]
+    fn a_backlog_is_read_in_turns() {
+        let dir = std::env::temp_dir().join(format!("junction-turns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("kern.log").to_string_lossy().to_string();
+        let filler = format!("{}\n", "y".repeat(999));
+        let mut text = String::new();
+        let mut written = 0;
+        while (text.len() as u64) < MAX_TURN * 5 / 2 {
+            for _ in 0..100 {
+                text.push_str(&filler);
+            }
+            written += 1;
+            text.push_str(&xid_line(written));
+        }
+        std::fs::write(&path, &text).expect("file");
+        let m = Model::default();
+        let input = Input::new(Via::File, false, Arc::new(super::super::Stats::default()));
+        let mut f = Followed::open(&path, Some(FileCursor::default()));
+        let mut turns = 0;
+        let mut last = 0;
+        while f.drain(&input, &m) {
+            turns += 1;
+            let read = f.cursor.offset - last;
+            assert!(
+                (MAX_TURN..MAX_TURN + 1000).contains(&read),
+                "{read} bytes a turn"
+            );
+            assert_eq!(text.as_bytes()[f.cursor.offset as usize - 1], b'\n');
+            last = f.cursor.offset;
+        }
+        assert_eq!(turns, 2);
+        assert_eq!(f.cursor.offset, text.len() as u64);
+        assert_eq!(xids(&m), f64::from(written));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
