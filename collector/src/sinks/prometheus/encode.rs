@@ -7,6 +7,12 @@ use crate::model::registry::LEGACY_PROMETHEUS_NAMES;
 use crate::model::view::View;
 
 /// Renders the exposition text.
+///
+/// A series' line is put together from texts made once with their separators: its GPU's
+/// `{hw_id="…"` (once a GPU each render), each constant label as `,name="value"` (once for the
+/// process), its GPU's identity as `,…} ` (once a GPU each render); a line of a GPU's series
+/// with one constant label is four copies and its value, where writing each brace and comma
+/// took nine.
 pub fn render(families: &View<'_>, out: &mut String) {
     let names = prometheus_names();
     let mut identities = Identities::default();
@@ -19,8 +25,6 @@ pub fn render(families: &View<'_>, out: &mut String) {
         for (id, s) in samples {
             out.push_str(name);
             let open = out.len();
-            out.push('{');
-            let mut first = true;
             // One pass over the sample's keys: its own `hw.id` (a MIG instance's, a fan's),
             // and whether it names an identity attribute itself.
             let (mut own_id, mut names_identity) = (false, false);
@@ -32,22 +36,23 @@ pub fn render(families: &View<'_>, out: &mut String) {
                 }
             }
             let keys = &mut labels.keys;
-            if !id.is_empty() && !own_id {
+            let mut first = if !id.is_empty() && !own_id {
                 out.push_str(ids.get(id, keys));
-                first = false;
-            }
+                false
+            } else {
+                out.push('{');
+                true
+            };
             for (k, v) in &s.attrs {
                 let known = match v {
                     std::borrow::Cow::Borrowed(v) => labels.statics.get(k, v, &mut labels.keys),
                     std::borrow::Cow::Owned(_) => None,
                 };
                 match known {
+                    // `,name="value"`.
                     Some(text) => {
-                        if !first {
-                            out.push(',');
-                        }
+                        out.push_str(if first { &text[1..] } else { text });
                         first = false;
-                        out.push_str(text);
                     }
                     None => write_label(out, &mut first, labels.keys.get(k), v),
                 }
@@ -58,13 +63,14 @@ pub fn render(families: &View<'_>, out: &mut String) {
             } else {
                 families.identity_of(i, id)
             };
+            let mut closed = false;
             if !extra.is_empty() {
                 if !names_identity {
-                    // A GPU's identity is the same on each of its series: written once.
-                    if !first {
-                        out.push(',');
-                    }
-                    out.push_str(identities.get(extra, keys));
+                    // A GPU's identity is the same on each of its series: written once, with
+                    // the series' end, `,…} `.
+                    let text = identities.get(extra, keys);
+                    out.push_str(if first { &text[1..] } else { text });
+                    closed = true;
                 } else {
                     for (k, v) in extra {
                         if s.attr(k).is_none() {
@@ -73,12 +79,14 @@ pub fn render(families: &View<'_>, out: &mut String) {
                     }
                 }
             }
-            if out.len() == open + 1 {
-                // No label: `name value`, not `name{} value` (which some parsers refuse).
-                out.truncate(open);
-                out.push(' ');
-            } else {
-                out.push_str("} ");
+            if !closed {
+                if out.len() == open + 1 {
+                    // No label: `name value`, not `name{} value` (which some parsers refuse).
+                    out.truncate(open);
+                    out.push(' ');
+                } else {
+                    out.push_str("} ");
+                }
             }
             write_value(out, s.value);
             out.push('\n');
@@ -105,7 +113,7 @@ static LABELS: std::sync::Mutex<Labels> = std::sync::Mutex::new(Labels {
 /// and fan indices); past it, labels are written as any other.
 const MAX_STATIC_LABELS: usize = 4096;
 
-/// The text `name="value"` of labels whose key and value are both `&'static str`s (an enum
+/// The text `,name="value"` of labels whose key and value are both `&'static str`s (an enum
 /// value, an index name), escaped once for the process instead of on every series. Looked
 /// up about 2,000 times a scrape on the 8-GPU node: a direct-mapped table by the value's and
 /// the key's addresses answers nearly all of them with one comparison, ahead of the hash
@@ -158,7 +166,7 @@ impl Statics {
             Some(&i) => i,
             None if self.text.len() >= MAX_STATIC_LABELS => return None,
             None => {
-                let mut text = String::new();
+                let mut text = String::from(",");
                 write_label(&mut text, &mut true, keys.get(key), value);
                 let i = self.text.len() as u32;
                 self.text.push((id, text.into_boxed_str()));
@@ -173,7 +181,7 @@ impl Statics {
     }
 }
 
-/// Each GPU's `hw_id="…"` label as text, rendered on first use in a scrape (keyed by the
+/// Each GPU's `hw_id="…"` label as text after the series' `{`, rendered on first use in a scrape (keyed by the
 /// view's string, one per GPU; consecutive series are mostly the same GPU's).
 #[derive(Default)]
 struct IdLabels {
@@ -192,6 +200,7 @@ impl IdLabels {
                     // Room for `hw_id="GPU-<uuid>"` (a scrape renders one per GPU anew; grown
                     // from nothing, each took three reallocations).
                     let mut text = String::with_capacity(64);
+                    text.push('{');
                     write_label(&mut text, &mut true, keys.get("hw.id"), id);
                     self.rendered.push((key, text));
                     self.rendered.len() - 1
@@ -203,7 +212,8 @@ impl IdLabels {
     }
 }
 
-/// Each GPU's identity labels as text, rendered on first use in a scrape (keyed by the
+/// Each GPU's identity labels as text, `,…} ` (a comma before, the series' labels' end
+/// after), rendered on first use in a scrape (keyed by the
 /// view's slice, one per GPU; consecutive series are mostly the same GPU's).
 #[derive(Default)]
 struct Identities {
@@ -222,10 +232,11 @@ impl Identities {
                     // Room for the usual identity (vendor, model, name, serial, ...), which
                     // grew by doubling from nothing on every scrape.
                     let mut text = String::with_capacity(256);
-                    let mut first = true;
+                    let mut first = false;
                     for (k, v) in attrs {
                         write_label(&mut text, &mut first, keys.get(k), v);
                     }
+                    text.push_str("} ");
                     self.rendered.push((key, text));
                     self.rendered.len() - 1
                 }
@@ -494,6 +505,8 @@ mod tests {
         assert_eq!(s, r#"x,b="1""#);
     }
 
+    /// A constant label's text is `,name="value"`: as any other label is written after
+    /// another.
     #[test]
     fn constant_labels_are_written_as_any_other_and_kept_apart() {
         let (mut keys, mut statics) = (Keys::default(), Statics::default());
@@ -503,7 +516,7 @@ mod tests {
             ("network.io.direction", "transmit"),
             ("a.b", "q\"uo\\te\n"),
         ] {
-            let mut plain = String::new();
+            let mut plain = String::from(",");
             write_label(&mut plain, &mut true, keys.get(k), v);
             assert_eq!(statics.get(k, v, &mut keys), Some(plain.as_str()));
             assert_eq!(statics.get(k, v, &mut keys), Some(plain.as_str()), "kept");
@@ -528,7 +541,7 @@ mod tests {
                 };
                 let got = statics.get(k, v, &mut keys).map(str::to_string);
                 if i < MAX_STATIC_LABELS {
-                    let mut plain = String::new();
+                    let mut plain = String::from(",");
                     write_label(&mut plain, &mut true, keys.get(k), v);
                     assert_eq!(got, Some(plain), "round {round}, {i}");
                 } else {
@@ -585,5 +598,97 @@ mod tests {
             out.contains("junction_source_up{junction_source=\"nvml\"} 1\n"),
             "{out}"
         );
+    }
+
+    /// The render, put together from texts made once with their separators, writes what a
+    /// plain render that writes every label of every series writes: series of a GPU with none,
+    /// one and two constant labels, with a `hw.id` of their own, naming an identity attribute
+    /// themselves, with values made at run time (escaped); the node's series with labels and
+    /// without; two GPUs, one whose identity has characters to escape.
+    #[test]
+    fn the_render_writes_what_a_plain_render_writes() {
+        use std::sync::Arc;
+        fn plain(view: &View<'_>, out: &mut String) {
+            let names = prometheus_names();
+            let mut keys = Keys::default();
+            for (i, samples) in view.iter() {
+                out.push_str(&names[i].1);
+                for (id, s) in samples {
+                    out.push_str(&names[i].0);
+                    let mut all: Vec<(&'static str, String)> = Vec::new();
+                    if !id.is_empty() && s.attr("hw.id").is_none() {
+                        all.push(("hw.id", id.to_string()));
+                    }
+                    all.extend(s.attrs.iter().map(|(k, v)| (*k, v.to_string())));
+                    for (k, v) in view.extra(i, id, s) {
+                        if s.attr(k).is_none() {
+                            all.push((k, v.to_string()));
+                        }
+                    }
+                    if all.is_empty() {
+                        out.push(' ');
+                    } else {
+                        out.push('{');
+                        let mut first = true;
+                        for (k, v) in &all {
+                            write_label(out, &mut first, keys.get(k), v);
+                        }
+                        out.push_str("} ");
+                    }
+                    write_value(out, s.value);
+                    out.push('\n');
+                }
+            }
+        }
+        let model = Model::new();
+        for (id, name) in [("GPU-1", "H100"), ("GPU-2", "A \"q\\uoted\"\nGPU")] {
+            let slot = model.add_gpu(GpuInfo {
+                uuid: id.into(),
+                name: name.into(),
+                serial: Some(format!("S-{id}")),
+                ..Default::default()
+            });
+            crate::model::lock(&slot).groups[crate::model::Group::Power.index()] = Arc::new(vec![
+                Sample::new(Metric::Power, 612.5).with("hw.type", "gpu"),
+                Sample::new(Metric::Power, 40.0)
+                    .with("hw.type", "memory")
+                    .with("hw.name", "HBM3"),
+                Sample::new(Metric::FanSpeed, 0.5)
+                    .with("hw.id", format!("{id}/fan0"))
+                    .with("hw.type", "fan"),
+                Sample::new(Metric::NvlinkErrors, 3.0)
+                    .with("gpu.nvlink.link", "7")
+                    .with("gpu.nvlink.error.type", "replay"),
+                Sample::new(Metric::ClockFrequency, 1980.0),
+                Sample::new(Metric::ProcessMemory, 1e9)
+                    .with("process.pid", format!("{}", id.len()))
+                    .with("process.executable.name", "p\"y\\t\nhon".to_string()),
+            ]);
+        }
+        let node = vec![Arc::new(vec![
+            Sample::new(Metric::KmsgLost, 3.0),
+            Sample::new(Metric::SinkExports, 2.0).with("junction.sink", "otlp"),
+            Sample::new(Metric::SinkExports, 1.0).with("junction.sink", "a\"b".to_string()),
+        ])];
+        let snap = Snapshot::of(
+            model.snapshot(),
+            None,
+            &[("nvml", true)],
+            node,
+            &Default::default(),
+        );
+        let view = snap.view();
+        let (mut got, mut want) = (String::new(), String::new());
+        render(&view, &mut got);
+        plain(&view, &mut want);
+        assert_eq!(got, want);
+        for needle in [
+            "hw_power_watts{hw_id=\"GPU-2\",hw_type=\"gpu\",hw_vendor=\"nvidia\"",
+            "hw_fan_speed_ratio{hw_id=\"GPU-1/fan0\",hw_type=\"fan\"} 0.5\n",
+            "\njunction_kmsg_lost_total 3\n",
+            "junction_sink_exports_total{junction_sink=\"a\\\"b\"} 1\n",
+        ] {
+            assert!(got.contains(needle), "{needle} in {got}");
+        }
     }
 }
