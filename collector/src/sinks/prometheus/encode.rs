@@ -67,9 +67,8 @@ pub fn render(families: &View<'_>, out: &mut String) {
             if !extra.is_empty() {
                 if !names_identity {
                     // A GPU's identity is the same on each of its series: written once, with
-                    // the series' end, `,…} `.
-                    let text = identities.get(extra, keys);
-                    out.push_str(if first { &text[1..] } else { text });
+                    // the series' end, `,…} ` (after its `hw_id`, which `extra` implies).
+                    out.push_str(identities.get(extra, keys));
                     closed = true;
                 } else {
                     for (k, v) in extra {
@@ -181,8 +180,9 @@ impl Statics {
     }
 }
 
-/// Each GPU's `hw_id="…"` label as text after the series' `{`, rendered on first use in a scrape (keyed by the
-/// view's string, one per GPU; consecutive series are mostly the same GPU's).
+/// Each GPU's `hw_id="…"` label as text after the series' `{`, rendered on first use in a
+/// scrape (keyed by the view's string, one per GPU; consecutive series are mostly the same
+/// GPU's).
 #[derive(Default)]
 struct IdLabels {
     rendered: Vec<(usize, String)>,
@@ -213,8 +213,8 @@ impl IdLabels {
 }
 
 /// Each GPU's identity labels as text, `,…} ` (a comma before, the series' labels' end
-/// after), rendered on first use in a scrape (keyed by the
-/// view's slice, one per GPU; consecutive series are mostly the same GPU's).
+/// after), rendered on first use in a scrape (keyed by the view's slice, one per GPU;
+/// consecutive series are mostly the same GPU's).
 #[derive(Default)]
 struct Identities {
     rendered: Vec<(usize, String)>,

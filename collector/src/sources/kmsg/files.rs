@@ -217,8 +217,11 @@ pub async fn run(paths: Vec<String>, input: Input, model: Arc<Model>, shutdown: 
             tracing::warn!(file = %path, error = %e, "cannot watch the kernel-log file; checking it every 250 ms instead");
         }
     }
-    // Each file once no other reader of the process has it (see the module's documentation).
+    // Each file once no other reader of the process has it (see the module's documentation);
+    // a path listed twice is one file, read once (it would wait for itself).
     let mut waiting = paths;
+    let mut seen = BTreeSet::new();
+    waiting.retain(|p| seen.insert(p.clone()));
     let mut followed: Vec<(Lease, Followed)> = Vec::new();
     let mut backlog = take_free(&mut waiting, &mut followed, &input, &model, true);
     let mut check = tokio::time::interval(Duration::from_millis(250));
