@@ -301,6 +301,23 @@ mod tests {
         );
     }
 
+    /// A file both the kernel-log source and the host source would read (one saved
+    /// position for two readers) is refused, naming the key and the fix.
+    #[test]
+    fn the_fabric_manager_log_is_not_a_kernel_log_file_too() {
+        let e = errors("[sources.kmsg]\nfiles = [\"/var/log/fabricmanager.log\"]\n");
+        assert_eq!(e.len(), 1, "{e:#?}");
+        assert!(
+            e[0].starts_with("j.toml:2:1: key `sources.kmsg.files`: \"/var/log/fabricmanager.log\" is the fabric manager's log")
+                && e[0].contains("take it out of sources.kmsg.files"),
+            "{}",
+            e[0]
+        );
+        let elsewhere = "[sources.kmsg]\nfiles = [\"/var/log/fabricmanager.log\"]\n\
+                         [sources.host]\nfabric_manager_log = \"/var/log/fm/fabricmanager.log\"\n";
+        assert!(parse_str(elsewhere, Path::new("j.toml")).is_ok());
+    }
+
     #[test]
     fn syntax_errors_have_a_line() {
         let e = errors("[sinks.prometheus\nlisten = 1\n");

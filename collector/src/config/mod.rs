@@ -301,6 +301,18 @@ impl Config {
         self.sources.nic.validate("sources.nic", &mut out);
         self.sources.pcie.validate("sources.pcie", &mut out);
         self.sources.host.validate("sources.host", &mut out);
+        let (kmsg, host) = (&self.sources.kmsg, &self.sources.host);
+        if kmsg.enabled && host.enabled && kmsg.files.contains(&host.fabric_manager_log) {
+            // The two would share one saved position, each skipping what the other read.
+            out.push(Invalid {
+                key: "sources.kmsg.files".into(),
+                message: format!(
+                    "{:?} is the fabric manager's log, which the host source reads \
+                     (sources.host.fabric_manager_log): take it out of sources.kmsg.files",
+                    host.fabric_manager_log
+                ),
+            });
+        }
         self.health.validate("health", &mut out);
         self.expect.validate("expect", &mut out);
         self.sinks.dcgm.validate("sinks.dcgm", &mut out);

@@ -110,6 +110,31 @@ pub struct FileCursor {
     pub offset: u64,
 }
 
+/// The files whose saved position ([`FileCursor`], by path) a reader of this process holds:
+/// the kernel-log files' readers and the fabric manager log's polls. Two readers of one file
+/// would each count the lines past the saved position, and each move it.
+static READING: Mutex<std::collections::BTreeSet<String>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+/// A file taken for one reader ([`READING`]); given back when it is dropped.
+#[derive(Debug)]
+pub struct FileLease(String);
+
+impl FileLease {
+    /// Takes `path`, unless another reader has it.
+    pub fn take(path: &str) -> Option<FileLease> {
+        lock(&READING)
+            .insert(path.to_string())
+            .then(|| FileLease(path.to_string()))
+    }
+}
+
+impl Drop for FileLease {
+    fn drop(&mut self) {
+        lock(&READING).remove(&self.0);
+    }
+}
+
 /// Where an input has read up to; saved together with what it counted.
 #[derive(Debug, Clone)]
 pub enum Checkpoint {

@@ -8,6 +8,9 @@
 //! that a restart neither counts a line twice nor skips one. A log seen for the first time is
 //! read from its end: what the fabric manager wrote before Junction first looked is not new.
 //! Only a log root owns and nobody else may write is read (the fabric manager runs as root).
+//! One poll at a time reads it in the process ([`FileLease`]): a poll that a restart of the
+//! source left behind still in its read keeps the file, and the next start's poll skips its
+//! turn rather than count the same lines again.
 
 use std::io::{Read as _, Seek as _, SeekFrom};
 use std::os::unix::fs::MetadataExt as _;
@@ -16,7 +19,7 @@ use std::time::SystemTime;
 
 use crate::model::Model;
 use crate::model::xid::signatures::SignatureReport;
-use crate::model::xid::{Checkpoint, FileCursor, Via};
+use crate::model::xid::{Checkpoint, FileCursor, FileLease, Via};
 use crate::sources::kmsg::signatures::{find, fm_message};
 
 /// Bytes read per poll.
@@ -38,6 +41,13 @@ pub fn poll(path: &str, model: &Model, warned: &mut bool) -> usize {
         }
         return 0;
     }
+    let Some(_lease) = FileLease::take(path) else {
+        tracing::debug!(
+            file = path,
+            "another poll is reading the fabric manager log; skipped"
+        );
+        return 0;
+    };
     let start = match model.file_cursor(path) {
         Some(c) if c.inode == meta.ino() && c.offset <= meta.len() => c.offset,
         // Rotated or truncated: from the start of the new file.
@@ -97,4 +107,72 @@ pub fn poll(path: &str, model: &Model, warned: &mut bool) -> usize {
         });
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Metric;
+    use std::io::Write as _;
+
+    fn counted(m: &Model) -> f64 {
+        m.sets()
+            .iter()
+            .flat_map(|s| s.iter())
+            .filter(|s| s.metric == Metric::KmsgSignatures)
+            .map(|s| s.value)
+            .sum()
+    }
+
+    fn fatal(port: u32) -> String {
+        // The reference's line (gpud's example, node-fabric-and-bus.md §4.5), port varied.
+        format!(
+            "[Jul 23 2024 07:53:55] [ERROR] [tid 841] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port {port}\n"
+        )
+    }
+
+    /// A poll that finds the log held by another (a poll a restart left behind) skips its
+    /// turn and moves nothing; the lines it skipped are counted once, by the next poll.
+    #[test]
+    fn a_log_another_poll_is_reading_is_left_to_it() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(std::env::var_os("CI").is_none(), "CI runs this as root");
+            eprintln!("skipped: only a root-owned log is read");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("junction-fmlog-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("fabricmanager.log").to_string_lossy().to_string();
+        std::fs::write(&path, fatal(1)).expect("log");
+        let m = Model::default();
+        let mut warned = false;
+        assert_eq!(
+            poll(&path, &m, &mut warned),
+            0,
+            "read from its end at first"
+        );
+        let append = |s: String| {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .expect("open")
+                .write_all(s.as_bytes())
+                .expect("write");
+        };
+        append(fatal(2));
+        let before = m.file_cursor(&path);
+        let other = FileLease::take(&path).expect("nobody reads it");
+        assert_eq!(poll(&path, &m, &mut warned), 0);
+        assert_eq!(m.file_cursor(&path), before, "the position is not moved");
+        assert_eq!(counted(&m), 0.0);
+        drop(other);
+        assert_eq!(poll(&path, &m, &mut warned), 1);
+        assert_eq!(counted(&m), 1.0);
+        assert_eq!(poll(&path, &m, &mut warned), 0, "not again");
+        assert_eq!(counted(&m), 1.0);
+        assert!(FileLease::take(&path).is_some(), "given back after a poll");
+        assert!(!warned);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -20,14 +20,14 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::Input;
 use super::parser::Parser;
 use crate::internal_events::{InternalEvent, KmsgFileFailed};
-use crate::model::xid::{Checkpoint, FileCursor};
-use crate::model::{Model, lock};
+use crate::model::Model;
+use crate::model::xid::{Checkpoint, FileCursor, FileLease};
 use crate::shutdown::Shutdown;
 
 /// The longest line read (the kernel's own records are at most 8 KiB); a longer one is
@@ -36,27 +36,6 @@ pub const MAX_LINE: usize = 64 * 1024;
 
 /// The most bytes of one file read in one turn, between two looks at the shutdown signal.
 pub const MAX_TURN: u64 = 4 * 1024 * 1024;
-
-/// The files that a reader of this process follows.
-static FOLLOWING: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
-
-/// A file taken for one reader ([`FOLLOWING`]); given back when the reader ends.
-struct Lease(String);
-
-impl Lease {
-    /// Takes `path`, unless another reader has it.
-    fn take(path: &str) -> Option<Lease> {
-        lock(&FOLLOWING)
-            .insert(path.to_string())
-            .then(|| Lease(path.to_string()))
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        lock(&FOLLOWING).remove(&self.0);
-    }
-}
 
 struct Followed {
     path: Arc<str>,
@@ -222,7 +201,7 @@ pub async fn run(paths: Vec<String>, input: Input, model: Arc<Model>, shutdown: 
     let mut waiting = paths;
     let mut seen = BTreeSet::new();
     waiting.retain(|p| seen.insert(p.clone()));
-    let mut followed: Vec<(Lease, Followed)> = Vec::new();
+    let mut followed: Vec<(FileLease, Followed)> = Vec::new();
     let mut backlog = take_free(&mut waiting, &mut followed, &input, &model, true);
     let mut check = tokio::time::interval(Duration::from_millis(250));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -266,7 +245,7 @@ pub async fn run(paths: Vec<String>, input: Input, model: Arc<Model>, shutdown: 
 }
 
 /// A turn of each followed file; true when one has more to read.
-fn drain_all(followed: &mut [(Lease, Followed)], input: &Input, model: &Model) -> bool {
+fn drain_all(followed: &mut [(FileLease, Followed)], input: &Input, model: &Model) -> bool {
     let mut more = false;
     for (_, f) in followed {
         more |= f.drain(input, model);
@@ -279,14 +258,14 @@ fn drain_all(followed: &mut [(Lease, Followed)], input: &Input, model: &Model) -
 /// wait.
 fn take_free(
     waiting: &mut Vec<String>,
-    followed: &mut Vec<(Lease, Followed)>,
+    followed: &mut Vec<(FileLease, Followed)>,
     input: &Input,
     model: &Model,
     first: bool,
 ) -> bool {
     let mut more = false;
     waiting.retain(|path| {
-        let Some(lease) = Lease::take(path) else {
+        let Some(lease) = FileLease::take(path) else {
             if first {
                 tracing::warn!(file = %path, "the kernel-log file is still read by the source's previous start (a reader left behind at its restart); following it once that reader stops");
             }
@@ -435,7 +414,7 @@ mod tests {
         let m = Arc::new(Model::default());
         let stats = Arc::new(super::super::Stats::default());
         // The previous start's reader: it holds the file and has counted its first line.
-        let lease = Lease::take(&path).expect("no reader yet");
+        let lease = FileLease::take(&path).expect("no reader yet");
         let input = Input::new(Via::File, false, stats.clone());
         let mut old = Followed::open(&path, Some(FileCursor::default()));
         append(&path, xid_line(1).as_bytes());
@@ -473,7 +452,7 @@ mod tests {
         shutdown.trigger();
         next.join().expect("the reader ends");
         assert!(
-            Lease::take(&path).is_some(),
+            FileLease::take(&path).is_some(),
             "given back when the reader ends"
         );
         let _ = std::fs::remove_dir_all(&dir);

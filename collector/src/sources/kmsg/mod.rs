@@ -40,7 +40,8 @@ config_section! {
         pub device: String = "/dev/kmsg".into(),
         /// Kernel-log files to follow too (e.g. "/var/log/kern.log"), for hosts whose
         /// kernel messages land in files; rotation is followed and the read position is
-        /// kept across restarts. Default: [].
+        /// kept across restarts. Not the fabric manager's log: `sources.host` reads that.
+        /// Default: [].
         pub files: Vec<String> = Vec::new(),
         /// Accept records written from user space: /dev/kmsg records of a facility other
         /// than the kernel's, and file lines without the kernel's `kernel:` syslog tag
