@@ -402,6 +402,8 @@ pub struct Encoder {
     /// The data points of every metric, one after the other; made the whole request in place
     /// where it is asked for whole.
     body: Vec<u8>,
+    /// The last request's data points, in bytes: what the body is sized for.
+    last_len: usize,
     /// The envelope and the metrics' headers and ends, as they are handed on.
     head: Vec<u8>,
 }
@@ -425,6 +427,7 @@ impl Encoder {
             identities: Identities::new(),
             statics: Statics::new(),
             body: Vec::new(),
+            last_len: 0,
             head: Vec::new(),
         }
     }
@@ -607,6 +610,15 @@ impl Encoder {
         self.metrics.clear();
         let mut body = std::mem::take(&mut self.body);
         body.clear();
+        // Sized once, about the last request's size (the first: about 160 bytes a point; a
+        // point takes 140 to 145 on the simulated nodes). Grown by doubling, the 64-GPU
+        // node's 2.3 MB went through a dozen copies, whose freed pages the allocator keeps
+        // until their decay: 2 to 3 MiB more at the first export, the peak of the agent's RSS.
+        body.reserve(if self.last_len > 0 {
+            self.last_len + self.last_len / 8
+        } else {
+            view.iter().map(|(_, s)| s.len()).sum::<usize>() * 160
+        });
         let mut count = 0usize;
         for (i, samples) in view.iter() {
             let d = &REGISTRY[i];
@@ -713,6 +725,7 @@ impl Encoder {
                 m,
             });
         }
+        self.last_len = body.len();
         self.body = body;
         if self.delta {
             let g = self.generation;
