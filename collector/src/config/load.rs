@@ -316,6 +316,13 @@ mod tests {
         let elsewhere = "[sources.kmsg]\nfiles = [\"/var/log/fabricmanager.log\"]\n\
                          [sources.host]\nfabric_manager_log = \"/var/log/fm/fabricmanager.log\"\n";
         assert!(parse_str(elsewhere, Path::new("j.toml")).is_ok());
+        // The same file however its path is spelt; "" (not read) matches nothing.
+        let spelt = "[sources.kmsg]\nfiles = [\"/var/log//fabricmanager.log\"]\n";
+        assert_eq!(errors(spelt).len(), 1);
+        let off = "[sources.kmsg]\nfiles = [\"\"]\n[sources.host]\nfabric_manager_log = \"\"\n";
+        let e = errors(off);
+        assert_eq!(e.len(), 1, "{e:#?}");
+        assert!(e[0].contains("give an absolute path"), "{}", e[0]);
     }
 
     #[test]

@@ -302,7 +302,12 @@ impl Config {
         self.sources.pcie.validate("sources.pcie", &mut out);
         self.sources.host.validate("sources.host", &mut out);
         let (kmsg, host) = (&self.sources.kmsg, &self.sources.host);
-        if kmsg.enabled && host.enabled && kmsg.files.contains(&host.fabric_manager_log) {
+        let fm = std::path::Path::new(&host.fabric_manager_log);
+        if kmsg.enabled
+            && host.enabled
+            && !host.fabric_manager_log.is_empty()
+            && kmsg.files.iter().any(|f| std::path::Path::new(f) == fm)
+        {
             // The two would share one saved position, each skipping what the other read.
             out.push(Invalid {
                 key: "sources.kmsg.files".into(),
