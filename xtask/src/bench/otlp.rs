@@ -83,13 +83,13 @@ pub(super) fn report(results: &[Measurement], command: &str) -> String {
          an export and a gzip scrape in one run, 1.18 against 0.88 in the next, 0.98 against\n\
          0.85 in the run of 67a1fde's build (2026-12-07), then this table's; on the 64-GPU node\n\
          4.06 against 4.39, then 4.43 against 4.20, then 4.51 against 4.09.\n\n\
-         The export's peak memory (2026-12-07): the 64-GPU node's RSS rose by 8.5 MiB at the first\n\
+         The export's peak memory (2026-12-07): the 64-GPU node's RSS rose by 8.3 MiB at the first\n\
          export and fell back over the next seconds (sampled every 50 ms), where without OTLP it\n\
          did not. The data points' buffer, kept across exports, grew by doubling to the request's\n\
          2.3 MB: a dozen copies, whose freed pages jemalloc keeps until their decay. It is now\n\
          sized once, for the last request (the first: 160 bytes a sample; b260182). Peak RSS of\n\
-         that node with OTLP/HTTP gzip every second, 8 s from start, six runs alternated: 28.6,\n\
-         26.6, 28.8, 28.0, 28.8, 27.7 MiB before (mean 27.4), 27.0, 25.5, 25.2, 26.8, 25.6, 24.3\n\
+         that node with OTLP/HTTP gzip every second, 8 s from start, six runs alternated: 27.9,\n\
+         25.9, 28.1, 27.4, 28.1, 27.0 MiB before (mean 27.4), 26.3, 24.9, 24.6, 26.2, 25.0, 23.7\n\
          after (mean 25.1); in the run of 67a1fde's build, 31.8 MiB over the minute.\n\n\
          The last two columns are the whole agent's (collection and export): its CPU in percent of\n\
          one core and its peak RSS (`VmHWM`). The scrape columns come from rows of their own, not\n\
