@@ -30,9 +30,11 @@ pub const MAX_INFLIGHT: u32 = 16384;
 /// Size of the ring buffer (a power of two, a multiple of the page size): 1927 records of
 /// 136 bytes (a [`Call`] and its header). Records are sent only for a process's first call on
 /// a device, lifecycle calls (allocations, frees, clients, devices), slow calls and exits:
-/// tens to thousands a second on a busy node. The reader drains the ring every 100 ms and is
-/// woken when it is a quarter full, so it holds 100 ms of 19 000 records a second before
-/// the wake-up, far above that. Every page of it is resident in the agent (the reader maps the
+/// tens to thousands a second on a busy node. While records come, the reader drains the ring
+/// every 100 ms, and it is woken when the ring is a quarter full, so it holds 100 ms of 19 000
+/// records a second before the wake-up, far above that (after a quiet spell the first records
+/// wait for the reader's next refresh, at most a second, or for a process's first record on
+/// a device, which wakes it). Every page of it is resident in the agent (the reader maps the
 /// data twice), so it is not larger than that needs; records lost to a full ring are counted
 /// (`junction_ebpf_lost_total`, reason `ring_full`).
 pub const RING_BYTES: u32 = 256 << 10;

@@ -392,8 +392,9 @@ fn exit(inf: &Inflight, ret: i64) {
         if first_use {
             let mut dev = call;
             dev.kind = record::DEVICE;
-            // Woken at once: user space identifies the process while it still runs.
-            emit(&dev, 0);
+            // Woken at once, even behind records that did not wake it: user space
+            // identifies the process while it still runs.
+            emit(&dev, BPF_RB_FORCE_WAKEUP);
         }
         if op.is_lifecycle() || slow {
             emit(&call, wakeup());
@@ -422,8 +423,9 @@ fn leader_comm() -> Option<[u8; 16]> {
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
-/// Call records do not wake the reader (it polls every 100 ms) unless the ring is a quarter
-/// full: a wake-up per record costs more than the rest of the call's tracing.
+/// Call records do not wake the reader (it drains the ring every 100 ms while they come, and
+/// at its next refresh after a quiet spell) unless the ring is a quarter full: a wake-up per
+/// record costs more than the rest of the call's tracing.
 #[inline(always)]
 fn wakeup() -> u64 {
     // BPF_RB_AVAIL_DATA: bytes not yet consumed.

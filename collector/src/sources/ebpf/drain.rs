@@ -110,6 +110,9 @@ struct Drain<'a> {
     records: u64,
 }
 
+/// How often the ring is drained while records come (they do not wake the reader).
+const DRAIN_EVERY: Duration = Duration::from_millis(100);
+
 /// Runs until `shutdown` (the programs detach when the caller drops `a`; the source's thread
 /// holds it as `Kept`, so that a panic here leaves it for the next start).
 pub fn run(a: &mut Attached, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &Shutdown) {
@@ -133,16 +136,24 @@ pub fn run(a: &mut Attached, cfg: &EbpfConfig, model: &Arc<Model>, shutdown: &Sh
     let mut last = Instant::now() - interval;
     let fd = m.ring.as_raw_fd();
     crate::privileges::wait_gate();
+    // Whether the last turn read records.
+    let mut busy = false;
     while !shutdown.is_triggered() {
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
+        // Call records do not wake this thread (the programs' `wakeup`): while they come, the
+        // ring is drained every 100 ms; when none came, it sleeps until the next refresh. A
+        // process's first record on a device wakes it at once, as does a ring a quarter full.
+        let to_refresh = interval.saturating_sub(last.elapsed());
+        let wait = if busy {
+            to_refresh.min(DRAIN_EVERY)
+        } else {
+            to_refresh
         };
-        // SAFETY: poll(2) on one valid pollfd; a timeout bounds the wait so that shutdown
-        // and the interval are honoured.
-        unsafe { libc::poll(&mut pfd, 1, 100) };
+        if !wait.is_zero() {
+            crate::shutdown::poll_readable(shutdown, &[fd], Some(wait));
+        }
+        let before = d.records;
         d.records(&mut m.ring);
+        busy = d.records != before;
         d.identify_new();
         if last.elapsed() >= interval {
             last = Instant::now();

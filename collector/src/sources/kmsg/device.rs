@@ -1,6 +1,7 @@
 //! The `/dev/kmsg` reader: one record per `read()` (a buffer well over the kernel's 8 KiB
 //! record limit: a smaller one makes the kernel skip the record with EINVAL), non-blocking
-//! with `poll()` so that shutdown is prompt, EPIPE (records overwritten before they were
+//! with `poll()` on the device and the shutdown's descriptor (prompt to stop, and no wake-up
+//! on an idle node), EPIPE (records overwritten before they were
 //! read) counted from the sequence gap, and a checkpoint (boot id, next sequence number) so
 //! that a restart skips what was counted and reads what was written while it was down.
 //! `/dev/kmsg` cannot seek to a sequence number: it is read from the start of the ring and
@@ -51,13 +52,16 @@ pub fn run(file: &mut std::fs::File, input: &Input, model: &Model, shutdown: &Sh
     let mut next = model.kmsg_next_seq();
     let mut parser = super::parser::Parser::default();
     let fd = file.as_raw_fd();
+    // Waits since the last record ([`wait`]).
+    let mut quiet = 0u32;
     loop {
         if shutdown.is_triggered() {
             break;
         }
         match file.read(&mut buf) {
-            Ok(0) => wait(fd, shutdown),
+            Ok(0) => wait(fd, shutdown, &mut quiet),
             Ok(n) => {
+                quiet = 0;
                 let Some(rec) = super::record::parse(&buf[..n]) else {
                     continue;
                 };
@@ -83,7 +87,7 @@ pub fn run(file: &mut std::fs::File, input: &Input, model: &Model, shutdown: &Sh
             Err(e) => match e.raw_os_error() {
                 Some(libc::EAGAIN) => {
                     input.tick(model);
-                    wait(fd, shutdown);
+                    wait(fd, shutdown, &mut quiet);
                 }
                 // Overwritten before read: the gap in sequence numbers says how many.
                 Some(libc::EPIPE) => {}
@@ -121,16 +125,16 @@ fn failpoint(rec: &super::record::Record<'_>) {
     }
 }
 
-/// Waits for the device to be readable (or 500 ms, to look at the shutdown flag).
-fn wait(fd: i32, shutdown: &Shutdown) {
-    if shutdown.is_triggered() {
-        return;
-    }
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for a file descriptor this function's caller owns.
-    unsafe { libc::poll(&mut p, 1, 500) };
+/// Waits this many times at most 500 ms after a record, each followed by a tick: the
+/// counters are published at most every 200 ms and the checkpoint saved at most every second
+/// (`model::xid`), so that what the last record left is published and saved within 2 s.
+const TICKING_WAITS: u32 = 4;
+
+/// Waits for the device to be readable or the shutdown. For [`TICKING_WAITS`] waits after a
+/// record (counted in `quiet`) at most 500 ms each, so that the tick after each publishes
+/// and saves what is left; then without a limit: an idle node's kernel log wakes nothing.
+fn wait(fd: i32, shutdown: &Shutdown, quiet: &mut u32) {
+    let limit = (*quiet < TICKING_WAITS).then_some(Duration::from_millis(500));
+    *quiet = quiet.saturating_add(1);
+    crate::shutdown::poll_readable(shutdown, &[fd], limit);
 }
