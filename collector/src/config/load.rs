@@ -325,6 +325,39 @@ mod tests {
         assert!(e[0].contains("give an absolute path"), "{}", e[0]);
     }
 
+    /// One kernel-log file listed twice, however spelt or through a link, is refused (it
+    /// would be followed twice and its XIDs counted twice); two files are not.
+    #[test]
+    fn a_kernel_log_file_is_listed_once() {
+        let spelt = "[sources.kmsg]\nfiles = [\"/var/log/kern.log\", \"/var/log/./kern.log\"]\n";
+        let e = errors(spelt);
+        assert_eq!(e.len(), 1, "{e:#?}");
+        assert!(
+            e[0].starts_with(
+                "j.toml:2:1: key `sources.kmsg.files`: entry 1 (\"/var/log/./kern.log\") is the same file as entry 0 (\"/var/log/kern.log\"): list it once"
+            ),
+            "{}",
+            e[0]
+        );
+        let dir = std::env::temp_dir().join(format!("junction-kmsg-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let (log, link, other) = (
+            dir.join("kern.log"),
+            dir.join("kernel"),
+            dir.join("other.log"),
+        );
+        std::fs::write(&log, "").expect("log");
+        std::fs::write(&other, "").expect("other");
+        std::os::unix::fs::symlink(&log, &link).expect("link");
+        let files = |a: &Path, b: &Path| format!("[sources.kmsg]\nfiles = [{a:?}, {b:?}]\n");
+        let e = errors(&files(&log, &link));
+        assert_eq!(e.len(), 1, "{e:#?}");
+        assert!(e[0].contains("is the same file as entry 0"), "{}", e[0]);
+        assert_eq!(errors(&files(&log, &other)), Vec::<String>::new());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn syntax_errors_have_a_line() {
         let e = errors("[sinks.prometheus\nlisten = 1\n");

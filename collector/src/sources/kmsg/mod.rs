@@ -40,8 +40,8 @@ config_section! {
         pub device: String = "/dev/kmsg".into(),
         /// Kernel-log files to follow too (e.g. "/var/log/kern.log"), for hosts whose
         /// kernel messages land in files; rotation is followed and the read position is
-        /// kept across restarts. Not the fabric manager's log: `sources.host` reads that.
-        /// Default: [].
+        /// kept across restarts. Each file once (a second name of a listed file is refused).
+        /// Not the fabric manager's log: `sources.host` reads that. Default: [].
         pub files: Vec<String> = Vec::new(),
         /// Accept records written from user space: /dev/kmsg records of a facility other
         /// than the kernel's, and file lines without the kernel's `kernel:` syslog tag
@@ -94,6 +94,29 @@ impl KmsgConfig {
                     key: format!("{prefix}.files"),
                     message: format!(
                         "entry {i} ({f:?}): give an absolute path in an existing directory"
+                    ),
+                });
+            }
+        }
+        // One file listed twice would be followed twice, from two saved positions, and each
+        // of its XIDs counted twice: the same path however spelt (`//`, `/./`), or two names
+        // of one file that exists now (a link).
+        let inode = |f: &str| {
+            use std::os::unix::fs::MetadataExt as _;
+            std::fs::metadata(f).ok().map(|m| (m.dev(), m.ino()))
+        };
+        for (j, f) in self.files.iter().enumerate() {
+            let same = self.files[..j].iter().position(|g| {
+                std::path::Path::new(g) == std::path::Path::new(f)
+                    || inode(g).is_some_and(|id| inode(f) == Some(id))
+            });
+            if let Some(i) = same {
+                out.push(Invalid {
+                    key: format!("{prefix}.files"),
+                    message: format!(
+                        "entry {j} ({f:?}) is the same file as entry {i} ({:?}): list it once \
+                         (each entry is followed on its own, and would count the file's XIDs again)",
+                        self.files[i]
                     ),
                 });
             }
