@@ -491,6 +491,53 @@ mod tests {
         assert!(!stuck());
     }
 
+    /// Calls returning while the watchdog marks them (a deadline of zero: a call seen twice
+    /// is stuck): every mark is of a call's own name, each one is found by that call's
+    /// return (as many marks as held returns), and nothing is left marked or raised.
+    #[test]
+    fn marks_racing_returns_leave_nothing_behind() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let model = Model::new();
+        let slot = model.add_gpu(GpuInfo {
+            uuid: "GPU-race".into(),
+            ..GpuInfo::default()
+        });
+        let busy = Arc::new(Mutex::new(Busy::default()));
+        let watched = [(slot.clone(), busy.clone())];
+        let names = ["nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature", "x"];
+        let done = AtomicBool::new(false);
+        let held = std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    watchdog(&watched, Duration::ZERO, &model);
+                    if let Some((call, _)) = lock(&slot).stuck {
+                        assert!(names.contains(&call), "marked {call:?}");
+                    }
+                }
+            });
+            let mut held = 0u32;
+            // Until the watchdog has marked enough calls to have raced (bounded by a count).
+            for i in 0..2_000_000usize {
+                entered(&busy, names[i % names.len()]);
+                if i % 3 == 0 {
+                    std::thread::yield_now();
+                }
+                held += u32::from(returned(&busy, &slot, &model));
+                if held >= 200 {
+                    break;
+                }
+            }
+            done.store(true, Ordering::Relaxed);
+            watcher.join().expect("the watchdog did not panic");
+            held
+        });
+        let s = lock(&slot);
+        assert!(held > 0, "the watchdog marked no call");
+        assert_eq!(s.timeouts, u64::from(held), "each mark found by its return");
+        assert!(s.stuck.is_none() && !lock(&busy).stuck);
+        assert!(model.health.reasons("GPU-race").is_empty());
+    }
+
     #[test]
     fn a_set_a_reader_held_past_its_replacement_is_freed_by_the_collecting_thread() {
         let model = Model::new();
