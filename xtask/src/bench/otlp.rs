@@ -81,8 +81,9 @@ pub(super) fn report(results: &[Measurement], command: &str) -> String {
          wakes the runtime once, at 40 to 55 µs of CPU a wake-up on this virtual machine. The\n\
          two are within the runs' spread of each other: on the 8-GPU node 1.05 against 0.96 ms\n\
          an export and a gzip scrape in one run, 1.18 against 0.88 in the next, 0.98 against\n\
-         0.85 in the run of 67a1fde's build (2026-12-07), then this table's; on the 64-GPU node\n\
-         4.06 against 4.39, then 4.43 against 4.20, then 4.51 against 4.09.\n\n\
+         0.85 in the run of 67a1fde's build (2026-12-07), 1.11 against 0.91 in b260182's, then\n\
+         this table's; on the 64-GPU node 4.06 against 4.39, then 4.43 against 4.20, 4.51\n\
+         against 4.09, 4.32 against 4.01.\n\n\
          The export's peak memory (2026-12-07): the 64-GPU node's RSS rose by 8.3 MiB at the first\n\
          export and fell back over the next seconds (sampled every 50 ms), where without OTLP it\n\
          did not. The data points' buffer, kept across exports, grew by doubling to the request's\n\
