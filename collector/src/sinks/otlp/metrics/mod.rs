@@ -1,5 +1,5 @@
 //! OTLP metrics straight from the model: every interval the model's snapshot is written as an
-//! `ExportMetricsServiceRequest` (`encode.rs`, the same view, names, units and attributes as
+//! `ExportMetricsServiceRequest` (`encode/`, the same view, names, units and attributes as
 //! `/metrics`) and sent (`send.rs`). A series the model no longer has (a process that ended,
 //! a lost GPU's readings) is simply not in the next request, so it stops being exported;
 //! nothing is kept per series but, with delta temporality, each counter's last value (saved
@@ -7,7 +7,7 @@
 //!
 //! With OTLP/HTTP and gzip, the request goes into the compressor a metric at a time: the
 //! data points (2.4 MB on the 64-GPU node) are written first, in one pass over the samples,
-//! into a buffer kept across exports, and the headers around them after (see `encode.rs`).
+//! into a buffer kept across exports, and the headers around them after (see `encode/`).
 //!
 //! One thread of its own ("otlp-metrics"), with a single-threaded Tokio runtime of its own:
 //! an export never waits on a source, a slow receiver holds only this thread, and the

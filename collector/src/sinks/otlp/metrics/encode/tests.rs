@@ -454,11 +454,11 @@ fn constant_attributes_are_kept_up_to_a_bound_and_written_as_any_other_past_it()
             assert_eq!(cached, plain, "{v}, round {round}");
         }
     }
-    assert_eq!(statics.at.len(), MAX_STATIC_ATTRIBUTES);
+    assert_eq!(statics.kept(), MAX_STATIC_ATTRIBUTES);
     // An owned value (a UUID, a process name) is never kept.
     let owned: crate::model::AttrValue = String::from("GPU-1").into();
     statics.write(&mut Vec::new(), "hw.id", &owned);
-    assert_eq!(statics.at.len(), MAX_STATIC_ATTRIBUTES);
+    assert_eq!(statics.kept(), MAX_STATIC_ATTRIBUTES);
 }
 
 /// A restart with delta temporality: the new encoder goes on from the stopped one's last
