@@ -13,12 +13,14 @@
 //! `--plain` prints the view without redrawing the screen. Ctrl-C (SIGINT) or SIGTERM stops
 //! everything it started.
 
+mod bmc;
+mod node;
 mod receiver;
 mod view;
 pub mod workload;
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -26,8 +28,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::{build_ebpf, cargo, nvml_sim, root, run};
-use testkit::bmc::IpmiSim;
-use testkit::free_port;
+use bmc::Cdu;
+use node::{config, xid_lines};
 use testkit::prom::{gpus_by_index, try_parse};
 use view::{Shown, view};
 
@@ -75,7 +77,6 @@ impl Options {
     }
 }
 
-const BUSES: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
 /// The GPU the workload registers.
 const WORKLOAD_GPU: usize = 0;
 
@@ -132,77 +133,6 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     (head.split_whitespace().nth(1) == Some("200")).then(|| rest.to_string())
 }
 
-/// The CDU mockup copy whose secondary-loop flow the demo lowers.
-struct Cdu {
-    dir: PathBuf,
-}
-
-impl Cdu {
-    const SENSOR: &'static str = "Chassis/CDU/Sensors/SecondaryFlow/index.json";
-    const CONNECTOR: &'static str =
-        "ThermalEquipment/CDUs/1/SecondaryCoolantConnectors/1/index.json";
-
-    fn prepare(dir: &Path) -> Result<Cdu> {
-        // DMTF's CDU mockup, from the shared fixtures (other projects' data stays there).
-        let from = testkit::shared().join("fixtures/redfish/dmtf-public-cooling-unit");
-        if !from.is_dir() {
-            bail!("{} is missing", from.display());
-        }
-        let _ = std::fs::remove_dir_all(dir);
-        copy_tree(&from, dir)?;
-        let cdu = Cdu {
-            dir: dir.to_path_buf(),
-        };
-        cdu.set_flow(42.0)?;
-        Ok(cdu)
-    }
-
-    /// Writes the flow reading (and its thresholds: caution below 30, critical below 20).
-    fn set_flow(&self, lpm: f64) -> Result<()> {
-        let path = self.dir.join(Self::SENSOR);
-        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
-        v["Reading"] = serde_json::json!(lpm);
-        v["Thresholds"] = serde_json::json!({
-            "LowerCaution": { "Reading": 30.0 },
-            "LowerCritical": { "Reading": 20.0 }
-        });
-        let health = if lpm < 20.0 {
-            "Critical"
-        } else if lpm < 30.0 {
-            "Warning"
-        } else {
-            "OK"
-        };
-        v["Status"]["Health"] = serde_json::json!(health);
-        write_atomic(&path, &serde_json::to_string_pretty(&v)?)?;
-        let path = self.dir.join(Self::CONNECTOR);
-        let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
-        c["FlowLitersPerMinute"]["Reading"] = serde_json::json!(lpm);
-        write_atomic(&path, &serde_json::to_string_pretty(&c)?)
-    }
-}
-
-fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
-}
-
-fn copy_tree(from: &Path, to: &Path) -> Result<()> {
-    std::fs::create_dir_all(to)?;
-    for e in std::fs::read_dir(from)?.flatten() {
-        let p = e.path();
-        let dest = to.join(e.file_name());
-        if p.is_dir() {
-            copy_tree(&p, &dest)?;
-        } else {
-            std::fs::copy(&p, &dest)?;
-        }
-    }
-    Ok(())
-}
-
 fn wait_port(port: u16, path: &str, child: &mut Child, what: &str) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(30) {
@@ -228,108 +158,6 @@ fn cgroup2_root() -> Option<PathBuf> {
         })
         .and_then(|l| l.split(' ').nth(4))
         .map(PathBuf::from)
-}
-
-/// The XID lines, one per category and one from a MIG instance: (GPU index, code, line).
-fn xid_lines(domain: u32, pid: Option<u32>) -> Vec<(usize, u32, String)> {
-    let pci = |i: usize| format!("{domain:04x}:{:02x}:00", BUSES[i]);
-    let who = match pid {
-        Some(p) => format!("pid={p}, name=trainer"),
-        None => "pid=4242, name=python3".to_string(),
-    };
-    vec![
-        (
-            0,
-            13,
-            format!(
-                "NVRM: Xid (PCI:{}): 13, {who}, Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address",
-                pci(0)
-            ),
-        ),
-        (
-            1,
-            31,
-            format!(
-                "NVRM: Xid (PCI:{} GPU-I:03): 31, pid=5151, name=infer, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f12_34560000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
-                pci(1)
-            ),
-        ),
-        (
-            2,
-            48,
-            format!(
-                "NVRM: Xid (PCI:{}): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 2, subpartition 0.",
-                pci(2)
-            ),
-        ),
-        (
-            3,
-            119,
-            format!(
-                "NVRM: Xid (PCI:{}): 119, pid=6262, name=trainer, Timeout after 6s of waiting for RPC response from GPU3 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20800a4c 0x4).",
-                pci(3)
-            ),
-        ),
-        (
-            6,
-            63,
-            format!(
-                "NVRM: Xid (PCI:{}): 63, pid='<unknown>', name=<unknown>, Row Remapping: New row (0x00000000000c1f20) was marked for remapping",
-                pci(6)
-            ),
-        ),
-    ]
-}
-
-fn config(
-    dir: &Path,
-    root_parts: bool,
-    bpf: bool,
-    redfish: Option<u16>,
-    ipmi: Option<u16>,
-    otlp: u16,
-    listen: &str,
-) -> String {
-    let lib = root().join("target/nvml-sim/current/libnvidia-ml.so.1");
-    let mut c = format!(
-        "state_dir = {:?}\n\n[sources.nvml]\nlibrary = {:?}\n",
-        dir.join("state").display().to_string(),
-        lib.display().to_string()
-    );
-    for g in [
-        "utilization",
-        "memory",
-        "power",
-        "temperature",
-        "processes",
-        "errors",
-    ] {
-        c.push_str(&format!("[sources.nvml.groups.{g}]\ninterval_secs = 2\n"));
-    }
-    if root_parts {
-        c.push_str("\n[sources.kmsg]\naccept_user_records = true\n");
-    } else {
-        c.push_str("\n[sources.kmsg]\nenabled = false\n");
-    }
-    if bpf {
-        c.push_str("\n[sources.ebpf]\nwatch_devices = [\"/dev/null\"]\ninterval_secs = 1\n");
-    } else {
-        c.push_str("\n[sources.ebpf]\nenabled = false\n");
-    }
-    if let Some(port) = redfish {
-        c.push_str(&format!(
-            "\n[[sources.redfish.targets]]\nname = \"cdu\"\nurl = \"http://127.0.0.1:{port}\"\ninterval_secs = 2\ntimeout_secs = 5\n"
-        ));
-    }
-    if let Some(port) = ipmi {
-        c.push_str(&format!(
-            "\n[[sources.ipmi.targets]]\nname = \"bmc\"\nhost = \"127.0.0.1\"\nport = {port}\nusername = \"monitor\"\npassword_env = \"JUNCTION_DEMO_IPMI_PASSWORD\"\nworkaround_flags = \"opensesspriv\"\ninterval_secs = 5\n"
-        ));
-    }
-    c.push_str(&format!(
-        "\n[health]\ninterval_secs = 1\nforecast_window_secs = 20\nforecast_horizon_secs = 120\nforecast_persist = 3\n\n[sinks.prometheus]\nlisten = {listen:?}\n\n[sinks.otlp]\nenabled = true\nendpoint = \"http://127.0.0.1:{otlp}\"\nprotocol = \"http/protobuf\"\ninterval_secs = 5\n"
-    ));
-    c
 }
 
 /// `cargo xtask demo [--for SECS] [--plain]`.
@@ -385,78 +213,14 @@ pub fn demo(opts: Options) -> Result<()> {
 
     // The CDU over Redfish.
     let cdu = Cdu::prepare(&dir.join("redfish"));
-    let redfish = match (deps.sushy.clone().filter(|p| p.exists()), &cdu) {
-        (_, Err(e)) => {
-            notes.push(format!("the Redfish CDU is skipped: {e:#}"));
-            None
-        }
-        (Some(sushy), Ok(cdu)) => {
-            let port = free_port();
-            let mut child = Command::new(sushy)
-                .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
-                .arg(&cdu.dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(dir.join("sushy-static.log"))?)
-                .spawn()
-                .context("start sushy-static")?;
-            match wait_port(port, "/redfish/v1/", &mut child, "sushy-static") {
-                Ok(()) => {
-                    started.push(Started {
-                        name: "sushy-static",
-                        child,
-                    });
-                    Some(port)
-                }
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    notes.push(format!("the Redfish CDU is skipped: {e:#}"));
-                    None
-                }
-            }
-        }
-        // Listed first in the view, with the command that installs it.
-        (None, Ok(_)) => None,
-    };
+    let redfish = bmc::start_redfish(deps.sushy.clone(), &cdu, &dir, &mut started, &mut notes)?;
 
     // The BMC over IPMI.
-    let ipmi_sim = match deps.ipmi {
-        true => {
-            match std::fs::read_to_string(root().join("tests/fixtures/ipmi/sim2.emu"))
-                .map_err(|e| format!("sim2.emu: {e}"))
-                .and_then(|emu| IpmiSim::try_start(&emu))
-            {
-                Ok(sim) => Some(sim),
-                Err(e) => {
-                    notes.push(format!("the IPMI BMC is skipped: {e}"));
-                    None
-                }
-            }
-        }
-        // Listed first in the view, with the command that installs it.
-        false => None,
-    };
+    let ipmi_sim = bmc::start_ipmi(deps.ipmi, &mut notes);
     let ipmi = ipmi_sim.as_ref().map(|sim| sim.server.port);
 
     // The node: the demo scenario on a PCI domain of this run's own.
-    let domain = 0x100 + std::process::id() % 0xe000;
-    let scenario = dir.join("node.toml");
-    std::fs::write(
-        &scenario,
-        std::fs::read_to_string(root().join("tests/scenarios/demo.toml"))?
-            .replace(
-                "base = \"h100-training.toml\"",
-                &format!(
-                    "base = {:?}",
-                    root()
-                        .join("tests/scenarios/h100-training.toml")
-                        .display()
-                        .to_string()
-                ),
-            )
-            .replace("0x0de0", &format!("{domain:#06x}")),
-    )?;
+    let (domain, scenario) = node::write_scenario(&dir)?;
     let config_path = dir.join("junction.toml");
     std::fs::write(
         &config_path,
