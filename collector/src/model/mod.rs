@@ -6,6 +6,7 @@ pub mod events;
 pub mod fabric;
 pub mod health;
 pub mod history;
+pub mod naming;
 pub mod processes;
 pub mod registry;
 pub mod signatures;

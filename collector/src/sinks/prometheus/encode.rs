@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::model::REGISTRY;
-use crate::model::registry::LEGACY_PROMETHEUS_NAMES;
+use crate::model::naming::LEGACY_PROMETHEUS_NAMES;
 use crate::model::view::View;
 
 /// Renders the exposition text.
