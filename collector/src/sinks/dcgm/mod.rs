@@ -15,6 +15,7 @@
 //! six decimals for its DOUBLE ones; counters without `_total`; a field with no reading on a
 //! GPU has no line.
 
+pub mod counters;
 pub mod fields;
 
 use std::fmt::Write as _;
@@ -29,7 +30,8 @@ use axum::routing::get;
 use crate::agent::Component;
 use crate::config::{Invalid, config_section};
 use crate::model::{GpuSlot, Metric, Model, Sample};
-use fields::{Kind, Selected, Source};
+use counters::Selected;
+use fields::{Kind, Source};
 
 config_section! {
     /// `[sinks.dcgm]`: dcgm-exporter's names on a listener of their own.
@@ -68,11 +70,11 @@ impl DcgmConfig {
     /// The fields served.
     pub fn fields(&self) -> Result<Vec<Selected>, String> {
         if self.counters.is_empty() {
-            return Ok(fields::default_set());
+            return Ok(counters::default_set());
         }
         let text = std::fs::read_to_string(&self.counters)
             .map_err(|e| format!("{}: {e}", self.counters))?;
-        fields::parse_csv(&text).map_err(|e| format!("{}: {e}", self.counters))
+        counters::parse_csv(&text).map_err(|e| format!("{}: {e}", self.counters))
     }
 }
 
