@@ -1,6 +1,7 @@
 //! Counting, de-duplication, bounds and held reasons, through the model.
 
 use super::*;
+use crate::model::HealthState;
 
 fn report(via: Via, code: u32) -> Report {
     Report {
