@@ -7,8 +7,8 @@
 //! twice nor misses one; a new boot starts clean.
 //!
 //! Split by what it decides: `dedup` (the window, pure), `policy` (what an XID does to health
-//! and its event's severity, pure), `saved` (the state and its caps); by what it keeps: `inputs` (where each input
-//! has read up to, and the state directory); this file records and publishes.
+//! and its event's severity, pure), `saved` (the state and its caps); `inputs` (where each
+//! input has read up to, and the state directory); this file records and publishes.
 
 mod dedup;
 mod inputs;
