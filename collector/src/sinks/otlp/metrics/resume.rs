@@ -18,8 +18,8 @@
 //! that a later start never goes on from values older than the last save.
 //!
 //! Series that go on counting across a reboot (a GPU's lifetime ECC count, a BMC's energy:
-//! [`outlives_boot`](super::encode::delta::outlives_boot)) would report their whole value again after
-//! every reboot, a value a backend already added up. Their last values go to a second file
+//! [`outlives_boot`](super::encode::delta::outlives_boot)) would report their whole value
+//! again after every reboot, a value a backend already added up. Their last values go to a second file
 //! (`otlp-delta-lasting.json`) of any boot, written in the same way (when one changed). A
 //! start takes it (and keeps it) whatever the boot: such a series without a value of its own
 //! in the run (after a reboot, or back after a gap) reports its increase since its kept value.
