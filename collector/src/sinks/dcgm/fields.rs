@@ -3,6 +3,7 @@
 //! `LABELS-AND-UNITS.md` §4: percent for `DEV_*` utilisation, ratios for `PROF_*`, MiB, MHz,
 //! W, mJ, ns), and the fields it knows but cannot serve, with why.
 
+use super::counters::DEFAULT;
 use crate::model::Metric;
 
 /// `# TYPE`.
@@ -539,11 +540,7 @@ pub fn markdown() -> String {
             "| `{}` | {} | {} | {value} | {from} |",
             f.name,
             f.kind.as_str(),
-            if super::counters::DEFAULT.contains(&f.name) {
-                "yes"
-            } else {
-                ""
-            }
+            if DEFAULT.contains(&f.name) { "yes" } else { "" }
         );
     }
     out
