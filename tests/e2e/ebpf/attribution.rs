@@ -1,6 +1,6 @@
 //! A workload's calls, bytes, GPU, process and container, counted exactly and ended with it.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::support::otlp::{Receiver, records};
@@ -8,8 +8,8 @@ use crate::support::{self, parse, value};
 
 use super::workload::{ALLOCS_PER_THREAD, CONTROLS_PER_THREAD, THREADS};
 use super::{
-    MIB, SECTION, calls, cannot_run, container_cgroup, spawn_workload, start, wait_pid,
-    workload_exe,
+    MIB, READY, SECTION, calls, cannot_run, container_cgroup, spawn_workload, start, wait_pid,
+    workload_command,
 };
 
 #[test]
@@ -175,23 +175,15 @@ fn a_process_that_lives_50_ms_is_still_seen() {
     ));
     let (container, cgroup) = container_cgroup(3);
     let started = Instant::now();
-    let status = Command::new(workload_exe())
-        .args([
-            "--ignored",
-            "--exact",
-            "ebpf::workload",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("JUNCTION_WORKLOAD", "short")
-        .env("JUNCTION_WORKLOAD_UUID", &uuids[1])
-        .env("JUNCTION_WORKLOAD_CGROUP", cgroup.join("cgroup.procs"))
+    let status = workload_command("short", &uuids[1], &cgroup)
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn");
     let pid = status.id();
     let out = status.wait_with_output().expect("wait");
     assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains(READY), "the workload did not run:\n{said}");
     eprintln!("workload ran {:?} in all", started.elapsed());
     // Long gone before any scrape: still exported, with its name and container. What it
     // allocated is counted; what it held when it ended the driver freed as its descriptors

@@ -133,6 +133,27 @@ pub(crate) fn pod_cgroup(pod_uid: &str, tag: u32) -> (String, PathBuf) {
     (id, dir)
 }
 
+/// The workload's test path in this binary (`workload.rs`).
+const WORKLOAD_TEST: &str = "ebpf::workload::workload";
+
+/// The workload in `mode` on the GPU `uuid`, joining `cgroup`: a copy of this binary that runs
+/// [`WORKLOAD_TEST`] alone (it prints [`READY`] once its ioctls are issued; a copy that runs
+/// no test prints nothing, which the callers check).
+fn workload_command(mode: &str, uuid: &str, cgroup: &Path) -> Command {
+    let mut c = Command::new(workload_exe());
+    c.args([
+        "--ignored",
+        "--exact",
+        WORKLOAD_TEST,
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("JUNCTION_WORKLOAD", mode)
+    .env("JUNCTION_WORKLOAD_UUID", uuid)
+    .env("JUNCTION_WORKLOAD_CGROUP", cgroup.join("cgroup.procs"));
+    c
+}
+
 /// Starts the workload in the cgroup `cgroup` (named for `container`).
 pub(crate) fn spawn_workload_in(
     mode: &str,
@@ -140,17 +161,7 @@ pub(crate) fn spawn_workload_in(
     cgroup: &Path,
     container: String,
 ) -> Workload {
-    let mut child = Command::new(workload_exe())
-        .args([
-            "--ignored",
-            "--exact",
-            "ebpf::workload::workload",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("JUNCTION_WORKLOAD", mode)
-        .env("JUNCTION_WORKLOAD_UUID", uuid)
-        .env("JUNCTION_WORKLOAD_CGROUP", cgroup.join("cgroup.procs"))
+    let mut child = workload_command(mode, uuid, cgroup)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -165,7 +176,7 @@ pub(crate) fn spawn_workload_in(
         if out.read_line(&mut line).expect("read workload output") == 0 {
             panic!("the workload ended before it was ready");
         }
-        // libtest prints "test ebpf::workload::workload ... " before the test's own output.
+        // libtest prints "test <WORKLOAD_TEST> ... " before the test's own output.
         if line.contains(READY) {
             break;
         }
