@@ -123,16 +123,7 @@ fn rails_ports_links_and_aer_move_the_right_nic_and_gpu() {
     // `junction inventory` prints each GPU's rail.
     let cfg_file = support::temp_dir().join("inventory.toml");
     std::fs::write(&cfg_file, &cfg).expect("config");
-    let out = support::output(
-        support::junction()
-            .env(
-                "JUNCTION_NVML_SIM_SCENARIO",
-                support::scenario("h100-training.toml"),
-            )
-            .arg("--config")
-            .arg(&cfg_file)
-            .arg("inventory"),
-    );
+    let out = support::inventory(&cfg_file, Some("h100-training.toml"));
     let text = String::from_utf8_lossy(&out.stdout);
     for (i, u) in &ids {
         let gpu = text

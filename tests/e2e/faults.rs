@@ -88,16 +88,7 @@ fn old_driver_disables_what_it_lacks() {
     }
     assert!(agent.terminate().success());
 
-    let out = support::output(
-        support::junction()
-            .env(
-                "JUNCTION_NVML_SIM_SCENARIO",
-                support::scenario("old-driver.toml"),
-            )
-            .arg("--config")
-            .arg(&agent.config)
-            .arg("inventory"),
-    );
+    let out = support::inventory(&agent.config, Some("old-driver.toml"));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -372,12 +363,7 @@ fn inventory_without_nvml_shows_what_the_other_sources_do() {
         );
     let path = dir.join("junction.toml");
     std::fs::write(&path, cfg).expect("config");
-    let out = support::output(
-        support::junction()
-            .arg("--config")
-            .arg(&path)
-            .arg("inventory"),
-    );
+    let out = support::inventory(&path, None);
     let text = String::from_utf8_lossy(&out.stdout);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "NVML failed: {text}");

@@ -201,16 +201,7 @@ fn inventory_shows_verdict_reasons_and_action() {
         ),
     )
     .expect("config");
-    let out = support::output(
-        support::junction()
-            .env(
-                "JUNCTION_NVML_SIM_SCENARIO",
-                support::scenario("unhealthy.toml"),
-            )
-            .arg("--config")
-            .arg(&config)
-            .arg("inventory"),
-    );
+    let out = support::inventory(&config, Some("unhealthy.toml"));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("health failed  action reboot_node"), "{text}");
     assert!(

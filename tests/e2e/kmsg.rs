@@ -285,15 +285,6 @@ fn append(path: &Path, text: &str) {
     f.write_all(text.as_bytes()).expect("append");
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// A kernel-log file (RFC 3164 and RFC 3339 syslog headers): followed, restarted with lines
 /// appended meanwhile (counted once), rotated (the new file is read), flooded with 100 000
 /// lines of which 100 are XIDs (every one counted, memory flat). A corrupt state file is a
@@ -368,7 +359,7 @@ fn kernel_log_files_follow_restart_rotation_and_floods() {
     });
 
     // A flood: 100 000 lines, one in a thousand an XID.
-    let rss = rss_kib(agent.child.id());
+    let rss = support::rss_kib(agent.child.id());
     let mut text = String::with_capacity(8 << 20);
     for i in 0..100_000u32 {
         if i % 1000 == 999 {
@@ -390,7 +381,7 @@ fn kernel_log_files_follow_restart_rotation_and_floods() {
         Some(100.0),
         "every relevant line"
     );
-    let grown = rss_kib(agent.child.id()).saturating_sub(rss);
+    let grown = support::rss_kib(agent.child.id()).saturating_sub(rss);
     assert!(grown < 32 * 1024, "RSS grew {grown} KiB over the flood");
     assert!(agent.terminate().success());
 
@@ -438,7 +429,7 @@ fn a_dev_kmsg_flood_loses_nothing_or_counts_the_loss() {
     let ids = support::uuids(&parse(
         &scrape(agent.port, Duration::from_secs(5)).expect("scrape"),
     ));
-    let rss = rss_kib(agent.child.id());
+    let rss = support::rss_kib(agent.child.id());
     let lines: Vec<String> = (0..100_000u32)
         .map(|i| {
             if i % 1000 == 999 {
@@ -467,7 +458,7 @@ fn a_dev_kmsg_flood_loses_nothing_or_counts_the_loss() {
         100.0 - counted <= lost,
         "every missing XID is a counted loss: {counted} counted, {lost} lost"
     );
-    let grown = rss_kib(agent.child.id()).saturating_sub(rss);
+    let grown = support::rss_kib(agent.child.id()).saturating_sub(rss);
     assert!(grown < 32 * 1024, "RSS grew {grown} KiB over the flood");
     assert!(agent.terminate().success());
 }

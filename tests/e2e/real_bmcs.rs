@@ -417,12 +417,7 @@ fn a_blind_chassis_is_never_silent() {
     let dir = support::temp_dir();
     let path = dir.join("junction.toml");
     std::fs::write(&path, config(&target, false, support::free_port())).expect("config");
-    let out = support::output(
-        support::junction()
-            .arg("--config")
-            .arg(&path)
-            .arg("inventory"),
-    );
+    let out = support::inventory(&path, None);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("note: chassis Baseboard"),

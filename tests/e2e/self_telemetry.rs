@@ -131,14 +131,9 @@ fn a_failed_read_in_every_source_is_counted_with_its_source_stage_and_kind() {
 
 /// `VmRSS` of `pid`, bytes.
 fn rss(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kib * 1024.0
+    let kib = support::rss_kib(pid);
+    assert!(kib > 0, "no VmRSS for {pid}");
+    kib as f64 * 1024.0
 }
 
 #[test]

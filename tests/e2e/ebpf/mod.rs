@@ -75,16 +75,7 @@ pub(crate) const SECTION: &str = "[sources.ebpf]\nwatch_devices = [\"/dev/null\"
 
 /// The unified cgroup hierarchy's mount point.
 fn cgroup2_root() -> PathBuf {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    info.lines()
-        .find(|l| {
-            l.split(" - ")
-                .nth(1)
-                .is_some_and(|r| r.starts_with("cgroup2 "))
-        })
-        .and_then(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .expect("a cgroup2 mount")
+    testkit::cgroup2_root().expect("a cgroup2 mount")
 }
 
 /// A cgroup named and placed like a Docker container's (systemd driver):

@@ -237,16 +237,7 @@ fn inventory_shows_what_is_attached() {
     let dir = support::temp_dir();
     let config = dir.join("junction.toml");
     std::fs::write(&config, ebpf_config(port, SECTION)).expect("write config");
-    let out = support::output(
-        support::junction()
-            .env(
-                "JUNCTION_NVML_SIM_SCENARIO",
-                support::scenario("h100-training.toml"),
-            )
-            .arg("--config")
-            .arg(&config)
-            .arg("inventory"),
-    );
+    let out = support::inventory(&config, Some("h100-training.toml"));
     let text = String::from_utf8_lossy(&out.stdout);
     for want in [
         "Source ebpf:",

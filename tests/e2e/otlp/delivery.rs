@@ -37,15 +37,6 @@ fn metric(port: u16, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     support::value(&parse(&body), name, labels)
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// After the receiver is back, every event the agent recorded has arrived exactly once.
 fn assert_exactly_once(rx: &Receiver, agent: &mut Agent) {
     let start = Instant::now();
@@ -123,7 +114,7 @@ fn events_emitted_while_the_receiver_is_down_arrive_exactly_once() {
     );
 
     // Down for 30 s in the middle.
-    let rss_before = rss_kib(agent.child.id());
+    let rss_before = support::rss_kib(agent.child.id());
     let events_before = events_recorded(agent.port);
     rx.down();
     let metrics_before = rx.with(|r| r.metrics.len());
@@ -131,7 +122,7 @@ fn events_emitted_while_the_receiver_is_down_arrive_exactly_once() {
         std::thread::sleep(Duration::from_secs(1));
         scrape(agent.port, Duration::from_secs(5)).expect("/metrics is served during the outage");
     }
-    let rss_during = rss_kib(agent.child.id());
+    let rss_during = support::rss_kib(agent.child.id());
     assert!(
         events_recorded(agent.port) >= events_before + 4,
         "events happened during the outage"

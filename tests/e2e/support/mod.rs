@@ -312,6 +312,26 @@ pub fn output(cmd: &mut Command) -> Output {
     cmd.output().expect("run command")
 }
 
+/// `junction --config CONFIG inventory`, on the simulator scenario `scenario` where one is
+/// named (else the config's own library and the simulator's default).
+pub fn inventory(config: &Path, scenario: Option<&str>) -> Output {
+    let mut cmd = junction();
+    if let Some(name) = scenario {
+        cmd.env("JUNCTION_NVML_SIM_SCENARIO", self::scenario(name));
+    }
+    output(cmd.arg("--config").arg(config).arg("inventory"))
+}
+
+/// `VmRSS` of `pid` in KiB (0 when it cannot be read: the process is gone).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A row of METRICS.md's registry table (generated from the registry; a drift test keeps it
 /// so): name, Prometheus name, unit, kind, attributes.
 pub struct RegistryRow {

@@ -34,6 +34,19 @@ pub fn shared() -> PathBuf {
     root().join("../shared")
 }
 
+/// The unified cgroup hierarchy's mount point (the `cgroup2` line of `/proc/self/mountinfo`).
+pub fn cgroup2_root() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .find(|l| {
+            l.split(" - ")
+                .nth(1)
+                .is_some_and(|r| r.starts_with("cgroup2 "))
+        })
+        .and_then(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+}
+
 /// A fresh directory for one test's (or one tool run's) files, under the system's temp dir.
 pub fn temp_dir() -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);

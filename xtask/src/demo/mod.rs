@@ -147,19 +147,6 @@ fn wait_port(port: u16, path: &str, child: &mut Child, what: &str) -> Result<()>
     bail!("{what} did not answer on port {port}")
 }
 
-/// The unified cgroup hierarchy's mount point.
-fn cgroup2_root() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines()
-        .find(|l| {
-            l.split(" - ")
-                .nth(1)
-                .is_some_and(|r| r.starts_with("cgroup2 "))
-        })
-        .and_then(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-}
-
 /// `cargo xtask demo [--for SECS] [--plain]`.
 pub fn demo(opts: Options) -> Result<()> {
     // SAFETY: installing async-signal-safe handlers that only store to an atomic.
@@ -281,7 +268,7 @@ pub fn demo(opts: Options) -> Result<()> {
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if let Some(cg) = cgroup2_root() {
+        if let Some(cg) = testkit::cgroup2_root() {
             let id = format!("de0de0{}00", "7a11".repeat(14));
             let d = cg.join("system.slice").join(format!("docker-{id}.scope"));
             if std::fs::create_dir_all(&d).is_ok() {
