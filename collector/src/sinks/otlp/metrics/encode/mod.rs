@@ -36,12 +36,8 @@ use std::collections::HashMap;
 use crate::model::registry::Kind;
 use crate::model::view::{View, names_identity};
 use crate::model::{Metric, REGISTRY, Sample};
-#[cfg(test)]
-use attributes::MAX_STATIC_ATTRIBUTES;
 use attributes::{HwIds, Identities, Statics};
 pub(super) use delta::series_key;
-#[cfg(test)]
-use delta::{LIFETIME_RESERVE, MAX_LASTING};
 use delta::{counted_by_the_agent, outlives_boot};
 use wire::{CUMULATIVE, DELTA, field, fixed64, key_value, key_value_len, len, string, varint};
 

@@ -9,6 +9,8 @@ use opentelemetry_proto::tonic::common::v1::any_value;
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
 use prost::Message as _;
 
+use super::attributes::MAX_STATIC_ATTRIBUTES;
+use super::delta::{LIFETIME_RESERVE, MAX_LASTING};
 use super::*;
 use crate::model::view::Snapshot;
 use crate::model::{GpuInfo, Group, Metric, Model, lock};
