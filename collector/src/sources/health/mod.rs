@@ -14,10 +14,11 @@ pub mod drift;
 pub mod escalation;
 pub mod fabric;
 pub mod forecast;
+mod gpu;
 mod memory;
 pub mod rules;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,10 +27,10 @@ use crate::config::{Config, Invalid, config_section};
 use crate::internal_events::{HealthInputUnreadable, InternalEvent};
 use crate::model::bmc::{Level, Quantity};
 use crate::model::health::{Action, Code};
-use crate::model::{GpuSlot, HealthState, Metric, Model, Sample};
-use crate::sources::readings::{Readings, Shape};
+use crate::model::{HealthState, Metric, Model, Sample};
 use forecast::{Alarm, Params, Trend};
-use rules::{Finding, Rates, find, samples};
+use gpu::GpuState;
+use rules::Finding;
 
 config_section! {
     /// `[health]`: the per-GPU verdict and the forecasts.
@@ -131,22 +132,6 @@ pub const COMPONENT: Component = Component {
     off_but_asked: None,
 };
 
-/// What the evaluator remembers about a GPU.
-#[derive(Default)]
-struct GpuState {
-    trends: BTreeMap<&'static str, Trend>,
-    alarms: BTreeMap<&'static str, Alarm>,
-    /// When each reason's condition last held.
-    last_true: BTreeMap<Code, Instant>,
-    thermal_violation: Option<f64>,
-    pcie: VecDeque<(Instant, f64)>,
-    ecc: Readings<f64>,
-    xids: BTreeMap<u32, (f64, Instant)>,
-    errors: BTreeMap<&'static str, u64>,
-    /// The memory-repair figures last in the history.
-    memory: Option<String>,
-}
-
 struct Evaluator {
     cfg: HealthConfig,
     expect: drift::ExpectConfig,
@@ -156,27 +141,6 @@ struct Evaluator {
     gpus: BTreeMap<String, GpuState>,
     coolant: BTreeMap<String, (Trend, Alarm)>,
 }
-
-/// The corrected-ECC totals a GPU keeps for its rate this hour against the hour before: two
-/// hours, one a minute (kept at every evaluation, it was a reading every `interval_secs` for
-/// two hours, 720 a GPU at the default 10 s, filling for the agent's first two hours).
-const ECC_READINGS: Shape = Shape {
-    span: Duration::from_secs(7200),
-    fine: Duration::from_secs(60),
-    step: Duration::from_secs(60),
-};
-
-/// Adds the corrected-ECC total `n` read at `now`; the errors in the last hour and in the
-/// hour before it, once the readings reach back 50 minutes.
-fn ecc_per_hour(ecc: &mut Readings<f64>, now: Instant, n: f64) -> Option<(f64, f64)> {
-    ecc.push(now, n, &ECC_READINGS);
-    let (first, mid) = (ecc.first()?, ecc.since(Duration::from_secs(3600))?);
-    (now.duration_since(first.0) >= Duration::from_secs(3000))
-        .then(|| ((n - mid.1).max(0.0), (mid.1 - first.1).max(0.0)))
-}
-
-/// The forecast series: (location, limit type) of the NVML thresholds they aim at.
-const FORECASTS: [(&str, &str); 2] = [("gpu_die", "throttled"), ("memory_junction", "max")];
 
 impl Evaluator {
     fn new(cfg: HealthConfig, expect: drift::ExpectConfig) -> Self {
@@ -367,158 +331,6 @@ fn xid_counts(model: &Model) -> BTreeMap<(String, u32), f64> {
     counts
 }
 
-impl GpuState {
-    /// The rates and recent events the rules need, from this evaluation's samples.
-    fn rates(
-        &mut self,
-        slot: &GpuSlot,
-        now: Instant,
-        xid_counts: &BTreeMap<(String, u32), f64>,
-        hold: Duration,
-    ) -> Rates {
-        let st = self;
-        let uuid = &slot.info.uuid;
-        let mut rates = Rates::default();
-        let all = || samples(slot);
-        if let Some(v) = find(
-            all(),
-            Metric::ViolationTime,
-            &[("gpu.violation.type", "thermal")],
-        ) {
-            rates.thermal_violation_rising = st.thermal_violation.is_some_and(|p| v > p);
-            st.thermal_violation = Some(v);
-        }
-        if let Some(n) = find(all(), Metric::PcieReplay, &[]) {
-            st.pcie.push_back((now, n));
-            while st
-                .pcie
-                .front()
-                .is_some_and(|(t0, _)| now.duration_since(*t0) > Duration::from_secs(60))
-            {
-                st.pcie.pop_front();
-            }
-            if let (Some(a), Some(b)) = (st.pcie.front(), st.pcie.back()) {
-                let secs = b.0.duration_since(a.0).as_secs_f64();
-                if secs >= 30.0 {
-                    rates.pcie_replays_per_min = Some((b.1 - a.1).max(0.0) * 60.0 / secs);
-                }
-            }
-        }
-        if let Some(n) = find(all(), Metric::EccErrors, &[("error.type", "corrected")]) {
-            rates.ecc_corrected_per_hour = ecc_per_hour(&mut st.ecc, now, n);
-        }
-        for ((id, code), n) in xid_counts.iter().filter(|((id, _), _)| id == uuid) {
-            let _ = id;
-            let e = st.xids.entry(*code).or_insert((*n, now - hold * 2));
-            if *n > e.0 {
-                e.1 = now;
-            }
-            e.0 = *n;
-        }
-        rates.xids = st
-            .xids
-            .iter()
-            .filter(|(_, (_, at))| now.duration_since(*at) < hold)
-            .map(|(c, _)| *c)
-            .collect();
-        // Reads that failed since the last evaluation (an unsupported feature is not
-        // counted there: it is disabled).
-        for (feature, n) in &slot.errors {
-            if st.errors.get(feature).is_some_and(|p| n > p) {
-                rates.unreadable.push((*feature).to_string());
-            }
-            st.errors.insert(feature, *n);
-        }
-        rates
-    }
-
-    /// The temperature forecasts (their series go into `out`) and the findings of those that
-    /// persist.
-    fn forecasts(
-        &mut self,
-        slot: &GpuSlot,
-        t: f64,
-        (params, cfg): (&Params, &HealthConfig),
-        out: &mut Vec<Sample>,
-    ) -> Vec<Finding> {
-        let st = self;
-        let uuid = &slot.info.uuid;
-        let all = || samples(slot);
-        let mut findings = Vec::new();
-        for (loc, limit_type) in FORECASTS {
-            let temp = find(all(), Metric::Temperature, &[("hw.sensor_location", loc)]);
-            let limit = find(
-                all(),
-                Metric::TemperatureLimit,
-                &[("hw.sensor_location", loc), ("hw.limit_type", limit_type)],
-            );
-            let (Some(v), Some(limit)) = (temp, limit) else {
-                continue;
-            };
-            let trend = st.trends.entry(loc).or_default();
-            trend.push(t, v, params.window_secs);
-            let alarm = st.alarms.entry(loc).or_default();
-            let fc = trend.forecast(limit, t, params);
-            if let Some(fc) = &fc {
-                out.push(
-                    Sample::new(Metric::TimeToThreshold, fc.eta_secs)
-                        .with("hw.id", uuid.clone())
-                        .with("hw.sensor_location", loc),
-                );
-            }
-            let horizon = cfg.forecast_horizon_secs as f64;
-            if alarm.step(fc.as_ref(), horizon, cfg.forecast_persist)
-                && let Some(fc) = fc
-            {
-                findings.push(Finding {
-                    code: Code::ThermalForecast,
-                    state: HealthState::PredictedFailure,
-                    action: Action::None,
-                    detail: format!(
-                        "{} at {:.1} °C rising {:.2} °C/min: reaches its limit of {limit} °C in about {:.0} min",
-                        loc.replace('_', " "),
-                        fc.level,
-                        fc.slope * 60.0,
-                        fc.eta_secs / 60.0
-                    ),
-                });
-            }
-        }
-        findings
-    }
-
-    /// Raises what holds; clears what has not held for the hold time. (For a duplicated code,
-    /// e.g. two coolant sensors, the first finding's detail is kept.)
-    fn settle(
-        &mut self,
-        model: &Model,
-        uuid: &str,
-        findings: Vec<Finding>,
-        now: Instant,
-        hold: Duration,
-    ) {
-        let st = self;
-        let mut raised = std::collections::BTreeSet::new();
-        for fnd in findings {
-            st.last_true.insert(fnd.code, now);
-            if raised.insert(fnd.code) {
-                model.raise(uuid, fnd.code, fnd.state, fnd.action, fnd.detail);
-            }
-        }
-        for code in rules::CODES {
-            if raised.contains(code) {
-                continue;
-            }
-            if let Some(last) = st.last_true.get(code)
-                && now.duration_since(*last) >= hold
-            {
-                model.clear(uuid, *code);
-                st.last_true.remove(code);
-            }
-        }
-    }
-}
-
 async fn run(config: Arc<Config>, ctx: Ctx) {
     let cfg = config.health.clone();
     ctx.model.set_source_up("health", true);
@@ -534,83 +346,4 @@ async fn run(config: Arc<Config>, ctx: Ctx) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_evaluation_appends_to_the_history_without_copying_it() {
-        use crate::model::{GpuInfo, Group, lock};
-        let model = Model::new();
-        for _ in 0..100 {
-            model.remember("GPU-0", "xid", "13", "an earlier XID");
-        }
-        let slot = model.add_gpu(GpuInfo {
-            uuid: "GPU-1".into(),
-            ..Default::default()
-        });
-        lock(&slot).groups[Group::Errors.index()] = std::sync::Arc::new(vec![
-            Sample::new(Metric::RemappedRows, 2.0).with("gpu.remap.type", "correctable"),
-        ]);
-        let before = std::sync::Arc::as_ptr(&model.history.entries());
-        Evaluator::new(HealthConfig::default(), drift::ExpectConfig::default()).evaluate(&model);
-        let after = model.history.entries();
-        assert!(
-            after.iter().any(|e| e.kind == "memory" && e.id == "GPU-1"),
-            "the GPU's memory repairs were appended"
-        );
-        // Appended while no reader held the entries: in place, not into a copy of them all.
-        assert_eq!(std::sync::Arc::as_ptr(&after), before);
-    }
-
-    #[test]
-    fn xid_counts_are_read_per_gpu_and_code_from_the_published_sets() {
-        let model = Model::new();
-        model.publish(
-            "kmsg",
-            "xid",
-            vec![
-                Sample::new(Metric::XidErrors, 3.0)
-                    .with("hw.id", "GPU-0")
-                    .with("gpu.xid", "79"),
-                Sample::new(Metric::XidErrors, 1.0)
-                    .with("hw.id", "GPU-1")
-                    .with("gpu.xid", "13"),
-                // Codes outside the catalog are counted together as "other": no code.
-                Sample::new(Metric::XidErrors, 5.0)
-                    .with("hw.id", "GPU-1")
-                    .with("gpu.xid", "other"),
-                Sample::new(Metric::XidLast, 1.0e9).with("hw.id", "GPU-0"),
-            ],
-        );
-        let counts = xid_counts(&model);
-        let want = BTreeMap::from([
-            (("GPU-0".to_string(), 79), 3.0),
-            (("GPU-1".to_string(), 13), 1.0),
-        ]);
-        assert_eq!(counts, want);
-    }
-
-    #[test]
-    fn the_ecc_rate_compares_the_hours_from_a_reading_a_minute() {
-        // Evaluations every 10 s: 100 corrected errors an hour for two hours, then 500.
-        let t0 = Instant::now();
-        let mut ecc = Readings::default();
-        let (mut total, mut most, mut rate) = (0.0, 0, None);
-        for i in 0..3 * 360u64 {
-            let s = i * 10;
-            total += if s < 7200 { 100.0 } else { 500.0 } / 360.0;
-            rate = ecc_per_hour(&mut ecc, t0 + Duration::from_secs(s), total);
-            if s < 2990 {
-                assert_eq!(rate, None, "no rate before 50 minutes ({s} s)");
-            }
-            most = most.max(ecc.len());
-        }
-        let (now, before) = rate.expect("a rate after three hours");
-        // The last hour starts at the first reading within it, up to a minute late; the hour
-        // before ends there (its last reading is the first at 500 an hour: 1.4 more).
-        assert!((490.0..=500.5).contains(&now), "{now}");
-        assert!((97.0..=102.0).contains(&before), "{before}");
-        // Two hours at a reading a minute, and the last minute's (126): 720 were kept before.
-        assert!(most <= 7 + 121, "{most} readings kept");
-    }
-}
+mod tests;
