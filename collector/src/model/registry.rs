@@ -454,7 +454,7 @@ pub fn metrics_markdown() -> String {
          Generated from the metric registry (`collector/src/model/registry.rs`) by `cargo xtask docs`;\n\
          do not edit by hand. Names follow the OpenTelemetry hardware semantic conventions first\n\
          (`hw.*`, semantic-conventions v1.44.0, the schema URL Junction's OTLP resource and scopes\n\
-         carry; `tests/e2e/semconv.rs` checks the registry against them and lists what still\n\
+         carry; `tests/e2e/semconv/` checks the registry against them and lists what still\n\
          differs), then `gpu.*`; Prometheus names are the standard OTLP-to-Prometheus translation.\n\
          Every per-GPU series carries `hw.id` (the GPU UUID). Series of a MIG device (`gpu.mig.*`) carry its\n\
          MIG UUID as `hw.id`, with `hw.parent` = the GPU UUID and `gpu.mig.gpu_instance_id`. GPM metrics\n\
