@@ -243,21 +243,48 @@ fn what_the_lines_name() {
 }
 
 /// This machine's own kernel messages: real, unrelated text. The machine has no NVIDIA
-/// driver, no NIC of the catalog's and no PCIe error, so none may match those.
+/// driver, no NIC of the catalog's and no PCIe error, so none may match those. Other tests
+/// flood the ring with user records (100 000 in the `/dev/kmsg` flood test), which can push
+/// every kernel record out of it: then the kernel is made to write one (tmpfs names a mount
+/// option it does not know, and the mount fails), so that the test always reads real kernel
+/// text whatever ran before it.
 #[test]
 fn this_machines_kernel_ring_names_no_gpu_or_fabric_signature() {
-    use std::io::Read as _;
-    let Ok(mut f) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open("/dev/kmsg")
-    else {
+    if std::fs::File::open("/dev/kmsg").is_err() {
         assert!(
             std::env::var_os("CI").is_none(),
             "CI runs as root and reads /dev/kmsg"
         );
         return;
-    };
+    }
+    let mut records = kernel_records_checked();
+    if records == 0 {
+        let dir = std::env::temp_dir().join(format!("junction-ring-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mount point");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "junction-unrelated-option", "none"])
+            .arg(&dir)
+            .output()
+            .expect("mount");
+        let _ = std::fs::remove_dir(&dir);
+        assert!(!out.status.success(), "the option is unknown to tmpfs");
+        records = kernel_records_checked();
+    }
+    assert!(
+        records > 0 || std::env::var_os("CI").is_none(),
+        "no kernel record in the ring, even after tmpfs wrote one"
+    );
+}
+
+/// Reads the ring from its oldest record, checks each of the kernel's own records (facility
+/// 0: other tests write user records) against the catalog, and returns how many there were.
+fn kernel_records_checked() -> usize {
+    use std::io::Read as _;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/kmsg")
+        .expect("/dev/kmsg");
     let mut buf = vec![0u8; 8192];
     let mut records = 0;
     while let Ok(n) = f.read(&mut buf) {
@@ -266,7 +293,6 @@ fn this_machines_kernel_ring_names_no_gpu_or_fabric_signature() {
         }
         let text = String::from_utf8_lossy(&buf[..n]);
         let (head, body) = text.split_once(';').unwrap_or(("", ""));
-        // The kernel's own records only (facility 0): other tests write user records.
         let prio: u32 = head
             .split(',')
             .next()
@@ -289,10 +315,7 @@ fn this_machines_kernel_ring_names_no_gpu_or_fabric_signature() {
             );
         }
     }
-    assert!(
-        records > 0 || std::env::var_os("CI").is_none(),
-        "the ring is empty"
-    );
+    records
 }
 
 /// What the matcher holds once built (on a GPU node the first `NVRM:` line builds it) stays
