@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::kmsg::{config, domain, kmsg_write, scenario, start, xid};
 use crate::support::{self, parse, value, wait_until};
+use testkit::kmsg::kernel_quotes;
 
 fn saved(state: &Path) -> serde_json::Value {
     std::fs::read(state.join("xid.json"))
@@ -89,20 +90,6 @@ fn kmsg_reader() -> std::fs::File {
     r.seek(SeekFrom::End(0))
         .expect("seek to the end of the ring");
     r
-}
-
-/// A kernel-facility record that quotes user text: tmpfs names the mount option it does not
-/// know (`mount(2)` by root here; a user namespace lets anyone do the same).
-fn kernel_quotes(text: &str) -> String {
-    let dir = support::temp_dir().join("mnt");
-    std::fs::create_dir_all(&dir).expect("mount point");
-    let out = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", text, "none"])
-        .arg(&dir)
-        .output()
-        .expect("mount");
-    assert!(!out.status.success(), "the option is unknown to tmpfs");
-    format!("tmpfs: Unknown parameter '{text}'")
 }
 
 /// Through `/dev/kmsg` without `accept_user_records`: an Xid 79 written from user space,

@@ -29,3 +29,18 @@ pub fn try_write(lines: &[String]) -> std::io::Result<()> {
 pub fn write(lines: &[String]) {
     try_write(lines).expect("write records to /dev/kmsg");
 }
+
+/// Makes the kernel itself write a record quoting `text`: tmpfs names the mount option it does
+/// not know (`mount(2)` by root here; a user namespace lets anyone do the same), and the mount
+/// fails. Returns the record's message.
+pub fn kernel_quotes(text: &str) -> String {
+    let dir = crate::temp_dir().join("mnt");
+    std::fs::create_dir_all(&dir).expect("mount point");
+    let out = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", text, "none"])
+        .arg(&dir)
+        .output()
+        .expect("mount");
+    assert!(!out.status.success(), "the option is unknown to tmpfs");
+    format!("tmpfs: Unknown parameter '{text}'")
+}
